@@ -1,0 +1,345 @@
+"""The host report behind `invoke doctor`: GPUs, container engine, toolkit, images, memory and disk.
+
+It answers "can this machine run the kit, and how?" without importing torch or touching CUDA. GPU facts come
+from NVML (nvidia-ml-py, imported lazily) with `nvidia-smi --query-gpu` as the fallback. Every probe that
+reads the host (subprocesses, PATH, files) is injectable through `Probes`, so tests need no GPU and no engine;
+a missing binary, a timeout or a missing file is an ordinary "not found" answer, never a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftscope.errors import UserError
+from draftscope.images import IMAGES, image_reference
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+SMI_FIELDS = "index,name,uuid,compute_cap,memory.total,memory.free,driver_version,clocks.max.sm"
+SMI_QUERY = ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"]
+ENGINE_TIMEOUT_S = 5.0
+# nvidia-smi can take several seconds to initialise the driver on a cold machine.
+SMI_TIMEOUT_S = 15.0
+_MISSING = {"[N/A]", "[Not Supported]", "N/A", ""}
+
+
+def dtype_for_capability(major: int, minor: int) -> str:
+    """bfloat16 from Ampere (compute capability 8.0) on, where it is native; float16 before."""
+    return "bfloat16" if (major, minor) >= (8, 0) else "float16"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One NVIDIA GPU as the run manifest records it. `cuda_version` is the driver's highest CUDA."""
+
+    index: int
+    name: str
+    uuid: str | None
+    compute_capability: tuple[int, int] | None
+    memory_total_mib: int | None
+    memory_free_mib: int | None
+    driver_version: str | None
+    cuda_version: str | None = None
+    clocks_sm_max_mhz: int | None = None
+
+    @property
+    def dtype(self) -> str | None:
+        """The dtype the kit runs models in on this GPU; None when the capability is unknown."""
+        return dtype_for_capability(*self.compute_capability) if self.compute_capability else None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["compute_capability"] = list(self.compute_capability) if self.compute_capability else None
+        out["dtype"] = self.dtype
+        return out
+
+
+def _smi_error(lineno: int, line: str, why: str) -> UserError:
+    return UserError(
+        f"line {lineno}: {why}",
+        source="nvidia-smi",
+        value=line,
+        fix=f"pass the output of `{' '.join(SMI_QUERY)}`",
+    )
+
+
+def _opt(text: str) -> str | None:
+    return None if text in _MISSING else text
+
+
+def parse_nvidia_smi(csv_text: str) -> list[Gpu]:
+    """Parse `nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits` output, one GPU a line."""
+    gpus = []
+    for lineno, line in enumerate(csv_text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 8:
+            raise _smi_error(lineno, line, f"expected 8 comma-separated fields ({SMI_FIELDS}), got {len(fields)}")
+        index, name, uuid, cap, total, free, driver, clock = fields
+        try:
+            cap_value = _opt(cap)
+            capability = None
+            if cap_value is not None:
+                major, minor = cap_value.split(".")
+                capability = (int(major), int(minor))
+            numbers = [None if _opt(v) is None else int(v) for v in (total, free, clock)]
+            gpus.append(
+                Gpu(int(index), name, _opt(uuid), capability, numbers[0], numbers[1], _opt(driver), None, numbers[2])
+            )
+        except ValueError:
+            raise _smi_error(lineno, line, "a number or compute capability (like 8.0) did not parse") from None
+    return gpus
+
+
+def parse_cuda_version(nvidia_smi_text: str) -> str | None:
+    """The driver's highest CUDA version from plain `nvidia-smi` header text ("CUDA Version: 12.4")."""
+    match = re.search(r"CUDA Version:\s*(\d+\.\d+)", nvidia_smi_text)
+    return match.group(1) if match else None
+
+
+def _text(value: str | bytes) -> str:
+    # Old nvidia-ml-py releases return bytes, newer ones str.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def gpus_from_nvml(nvml: Any | None = None) -> list[Gpu] | None:
+    """Read GPUs through NVML; None when nvidia-ml-py or the driver library is unavailable."""
+    if nvml is None:
+        try:
+            import pynvml as nvml  # lazy: the driver library is looked up on nvmlInit, not on import
+        except ImportError:
+            return None
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return None
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        cuda = nvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040 for 12.4
+        cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                Gpu(
+                    index=index,
+                    name=_text(nvml.nvmlDeviceGetName(handle)),
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    compute_capability=tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle)),
+                    memory_total_mib=memory.total // 2**20,
+                    memory_free_mib=memory.free // 2**20,
+                    driver_version=driver,
+                    cuda_version=cuda_version,
+                    clocks_sm_max_mhz=nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM),
+                )
+            )
+        return gpus
+    except nvml.NVMLError:
+        return None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError:
+            pass
+
+
+def _run(runner: Runner, argv: list[str], timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess | None:
+    """Run argv; None when the binary is missing or does not answer in time."""
+    try:
+        return runner(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired):
+        return None
+
+
+def gpus_from_nvidia_smi(runner: Runner = subprocess.run) -> list[Gpu] | None:
+    """Read GPUs through `nvidia-smi`; None when it is missing, hangs or fails (no usable driver)."""
+    done = _run(runner, SMI_QUERY, SMI_TIMEOUT_S)
+    if done is None or done.returncode != 0:
+        return None
+    gpus = parse_nvidia_smi(done.stdout)
+    plain = _run(runner, ["nvidia-smi"], SMI_TIMEOUT_S)
+    cuda = parse_cuda_version(plain.stdout) if plain is not None and plain.returncode == 0 else None
+    return [dataclasses.replace(gpu, cuda_version=cuda) for gpu in gpus]
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Everything `collect` reads from the host; tests replace these with fakes."""
+
+    run: Runner = subprocess.run
+    which: Callable[[str], str | None] = shutil.which
+    exists: Callable[[str], bool] = os.path.exists
+    glob: Callable[[str], list[str]] = glob.glob
+    read_text: Callable[[str], str | None] = _read_text
+    system: Callable[[], tuple[str, str]] = lambda: (sys.platform, platform.machine())
+    disk_usage: Callable[[str], Any] = shutil.disk_usage
+    nvml: Any = None  # a pynvml-like module; None imports the real one
+    cwd: str = "."
+
+
+def unsupported_accelerators(probes: Probes) -> list[dict[str, str]]:
+    """Non-NVIDIA accelerators, from cheap filesystem/PATH evidence: reported, never used."""
+    found = []
+    vendors = {(probes.read_text(p) or "").strip() for p in probes.glob("/sys/class/drm/renderD*/device/vendor")}
+    amd = [e for e in ("/dev/kfd",) if probes.exists(e)] + [t for t in ("rocm-smi", "amd-smi") if probes.which(t)]
+    if amd or "0x1002" in vendors:
+        found.append({"vendor": "AMD", "stack": "ROCm", "evidence": ", ".join(amd) or "DRM vendor 0x1002"})
+    intel = [t for t in ("xpu-smi", "sycl-ls") if probes.which(t)]
+    if intel or "0x8086" in vendors:
+        found.append({"vendor": "Intel", "stack": "XPU/oneAPI", "evidence": ", ".join(intel) or "DRM vendor 0x8086"})
+    if probes.system() == ("darwin", "arm64"):
+        found.append({"vendor": "Apple", "stack": "MPS", "evidence": "macOS on arm64"})
+    return found
+
+
+def _engine(probes: Probes, name: str) -> dict[str, Any]:
+    """Whether `name` is on PATH and its engine answers; docker prints a null Server when it does not."""
+    info: dict[str, Any] = {"name": name, "path": probes.which(name), "answers": False, "version": None, "error": None}
+    if info["path"] is None:
+        return info
+    fmt = "{{json .}}" if name == "docker" else "json"
+    done = _run(probes.run, [name, "version", "--format", fmt])
+    if done is None:
+        info["error"] = f"no answer within {ENGINE_TIMEOUT_S:g} s"
+        return info
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        data = {}
+    server = (data.get("Server") or data.get("Client")) if name == "podman" else data.get("Server")
+    info["answers"] = done.returncode == 0 and bool(server)
+    info["version"] = (server or {}).get("Version")
+    if not info["answers"]:
+        info["error"] = (done.stderr.strip().splitlines() or ["engine not answering"])[-1]
+    return info
+
+
+def _toolkit(probes: Probes) -> dict[str, Any]:
+    """NVIDIA Container Toolkit pieces: the CLI, the runtime and any CDI specs generated by it."""
+    done = _run(probes.run, ["nvidia-ctk", "--version"])
+    ctk = done.stdout.strip().splitlines()[0] if done and done.returncode == 0 and done.stdout.strip() else None
+    specs = sorted(p for d in ("/etc/cdi", "/var/run/cdi") for ext in ("yaml", "json") for p in probes.glob(f"{d}/*.{ext}"))
+    return {"nvidia_ctk": ctk, "runtime": probes.which("nvidia-container-runtime"), "cdi_specs": specs}
+
+
+def _images(probes: Probes, engine: str) -> dict[str, Any]:
+    """Each kit image in this engine's local store: its Id and RepoDigests, or absent."""
+    out = {}
+    for name in IMAGES:
+        ref = image_reference(name)
+        done = _run(probes.run, [engine, "image", "inspect", ref])
+        entry: dict[str, Any] = {"reference": ref, "present": False, "id": None, "repo_digests": []}
+        if done is not None and done.returncode == 0:
+            try:
+                data = json.loads(done.stdout)[0]
+                entry.update(present=True, id=data.get("Id"), repo_digests=data.get("RepoDigests") or [])
+            except (ValueError, IndexError, KeyError, AttributeError):
+                pass
+        out[name] = entry
+    return out
+
+
+def _memory(probes: Probes) -> dict[str, int] | None:
+    text = probes.read_text("/proc/meminfo")
+    if text is None:
+        return None
+    kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+    if "MemTotal" not in kib:
+        return None
+    return {"total_mib": kib["MemTotal"] // 1024, "available_mib": kib.get("MemAvailable", kib.get("MemFree", 0)) // 1024}
+
+
+def _disk(probes: Probes) -> dict[str, Any]:
+    usage = probes.disk_usage(probes.cwd)
+    return {"path": os.path.abspath(probes.cwd), "free_gib": round(usage.free / 2**30, 1), "total_gib": round(usage.total / 2**30, 1)}
+
+
+def _verdict(report: dict[str, Any]) -> list[str]:
+    lines = []
+    gpus = report["gpus"]
+    if gpus:
+        dtypes = sorted({g["dtype"] or "unknown" for g in gpus})
+        lines.append(f"{len(gpus)} NVIDIA GPU(s) via {report['gpu_source']}; models run in {'/'.join(dtypes)}")
+    else:
+        lines.append("no NVIDIA GPU found: GPU steps cannot run here; `--runtime local` CPU runs and dry runs work")
+    for acc in report["unsupported_accelerators"]:
+        lines.append(f"{acc['vendor']} {acc['stack']} found ({acc['evidence']}): not supported, the kit targets NVIDIA CUDA")
+    answering = [e["name"] for e in report["engines"] if e["answers"]]
+    if not answering:
+        lines.append("no container engine answers: start docker or podman, or use `--runtime local`")
+    if gpus and answering and not (report["toolkit"]["nvidia_ctk"] or report["toolkit"]["runtime"]):
+        lines.append("NVIDIA Container Toolkit not found: containers will not see the GPUs; install nvidia-container-toolkit")
+    for engine, images in report["images"].items():
+        missing = [name for name, entry in images.items() if not entry["present"]]
+        if missing:
+            lines.append(f"{engine}: images not built: {', '.join(missing)}; run `make images`")
+    return lines
+
+
+def collect(probes: Probes | None = None) -> dict[str, Any]:
+    """The JSON-serialisable host report; probes default to the real host."""
+    probes = probes or Probes()
+    gpus, source = gpus_from_nvml(probes.nvml), "nvml"
+    if gpus is None:
+        gpus, source = gpus_from_nvidia_smi(probes.run), "nvidia-smi"
+    engines = [_engine(probes, name) for name in ("docker", "podman")]
+    report: dict[str, Any] = {
+        "gpus": [gpu.as_dict() for gpu in gpus or []],
+        "gpu_source": source if gpus is not None else None,
+        "unsupported_accelerators": unsupported_accelerators(probes),
+        "engines": engines,
+        "toolkit": _toolkit(probes),
+        "images": {e["name"]: _images(probes, e["name"]) for e in engines if e["answers"]},
+        "memory": _memory(probes),
+        "disk": _disk(probes),
+    }
+    report["verdict"] = _verdict(report)
+    return report
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    """Human-readable lines for a `collect` report."""
+    lines = [f"GPUs ({report['gpu_source']}):" if report["gpus"] else "GPUs: no NVIDIA GPU found"]
+    for g in report["gpus"]:
+        cap = ".".join(map(str, g["compute_capability"])) if g["compute_capability"] else "?"
+        lines.append(
+            f"  {g['index']}: {g['name']}, compute {cap}, {g['dtype']}, {g['memory_free_mib']}/{g['memory_total_mib']} MiB"
+            f" free, driver {g['driver_version']}, CUDA {g['cuda_version']}, SM max {g['clocks_sm_max_mhz']} MHz"
+        )
+    for acc in report["unsupported_accelerators"]:
+        lines.append(f"unsupported accelerator: {acc['vendor']} {acc['stack']} ({acc['evidence']})")
+    for e in report["engines"]:
+        state = "not on PATH" if e["path"] is None else ("answers, version " + str(e["version"]) if e["answers"] else f"not answering ({e['error']})")
+        lines.append(f"{e['name']}: {state}")
+    kit = report["toolkit"]
+    lines.append(f"NVIDIA Container Toolkit: nvidia-ctk {kit['nvidia_ctk'] or 'not found'}, runtime {kit['runtime'] or 'not found'}, CDI specs {', '.join(kit['cdi_specs']) or 'none'}")
+    for engine, images in report["images"].items():
+        for name, entry in images.items():
+            lines.append(f"{engine} image {entry['reference']}: {entry['id'] if entry['present'] else 'missing'}")
+    if report["memory"]:
+        lines.append(f"memory: {report['memory']['available_mib']} MiB available of {report['memory']['total_mib']} MiB")
+    lines.append(f"disk: {report['disk']['free_gib']} GiB free of {report['disk']['total_gib']} GiB at {report['disk']['path']}")
+    lines.append("verdict:")
+    lines.extend(f"  - {line}" for line in report["verdict"])
+    return lines

@@ -1,0 +1,47 @@
+"""Provenance recorded in every manifest: the kit's version and git commit, and the command line."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from draftscope import __version__
+from draftscope.resources import repo_root
+
+
+def now() -> str:
+    """An RFC 3339 UTC timestamp with microseconds."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _git(*args: str, cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def kit_info() -> dict[str, object]:
+    """Kit version, and the git commit and dirtiness when running from a checkout (None otherwise)."""
+    root = repo_root()
+    commit = dirty = None
+    if root is not None and (root / ".git").exists():
+        commit = _git("rev-parse", "HEAD", cwd=root)
+        if commit is not None and len(commit) != 40:
+            commit = None
+        status = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
+        dirty = None if status is None else bool(status)
+    return {"version": __version__, "git_commit": commit, "git_dirty": dirty}
+
+
+def command_line(argv: list[str] | None = None) -> list[str]:
+    return list(sys.argv if argv is None else argv)
+
+
+def shell_join(argv: list[str]) -> str:
+    """For display only: the kit never runs a shell string built from user input."""
+    return shlex.join(argv)

@@ -1,0 +1,191 @@
+"""Run directories: created exclusively, never overwritten; a manifest with a status lifecycle.
+
+Layout of a run directory:
+
+    manifest.json   what ran, frozen config, input hashes, images, hardware, versions, status (+ reason)
+    records.jsonl   one JSON object per line, flushed per record (survives a kill)
+    summary.json    written last; the run is `completed` only after every artifact validates
+    logs/           captured output of each step
+    inputs/         copies of the inputs (prompts), so a run can be reproduced from its directory alone
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftscope import schema as schemas
+from draftscope.errors import UserError
+from draftscope.jsonio import JsonlAppender, atomic_write_json, read_json, sha256_file
+from draftscope.provenance import command_line, kit_info, now
+
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+SUMMARY = "summary.json"
+
+STATUSES = ("created", "running", "completed", "failed", "timed_out", "interrupted")
+FINAL = frozenset({"completed", "failed", "timed_out", "interrupted"})
+# Which status may follow which. A final status is final: a finished run is never reopened.
+TRANSITIONS: Mapping[str, frozenset[str]] = {
+    "created": frozenset({"running", "failed", "interrupted", "timed_out"}),
+    "running": frozenset(FINAL),
+    **{s: frozenset() for s in FINAL},
+}
+
+
+@dataclass(frozen=True)
+class InputFile:
+    name: str
+    path: Path
+
+
+def describe_input(item: InputFile) -> dict[str, Any]:
+    path = Path(item.path)
+    if not path.is_file():
+        raise UserError("input file not found", field=item.name, value=str(path), fix="check the path")
+    return {"name": item.name, "path": str(path), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+class RunDir:
+    """A run directory and its manifest. Use `RunDir.create` for a new run, `RunDir.open` for an existing one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    # -- creation ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        path: Path,
+        *,
+        kind: str,
+        config: Mapping[str, Any],
+        inputs: Iterable[InputFile] = (),
+        argv: list[str] | None = None,
+        software: Mapping[str, Any] | None = None,
+        copy_inputs: bool = True,
+    ) -> RunDir:
+        """Create `path` exclusively and write the first manifest (status `created`).
+
+        An existing path — file, directory or link, empty or not — is refused and left untouched.
+        """
+        path = Path(path)
+        described = [describe_input(i) for i in inputs]  # fail on a missing input before creating anything
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path)  # atomic: exactly one of two concurrent creators succeeds
+        except FileExistsError:
+            raise UserError(
+                "the output directory already exists; runs are never overwritten or merged",
+                field="--output", value=str(path), fix="choose a new --output path",
+            ) from None
+        run = cls(path)
+        (path / "logs").mkdir()
+        if copy_inputs and described:
+            (path / "inputs").mkdir()
+            for item in described:
+                target = path / "inputs" / Path(item["path"]).name
+                shutil.copyfile(item["path"], target)
+        stamp = now()
+        manifest = {
+            "schema_version": 1,
+            "kind": kind,
+            "run_id": path.name,
+            "status": "created",
+            "reason": None,
+            "created_at": stamp,
+            "updated_at": stamp,
+            "started_at": None,
+            "finished_at": None,
+            "kit": kit_info(),
+            "command_line": command_line(argv),
+            "config": dict(config),
+            "inputs": described,
+            "images": [],
+            "hardware": None,
+            "software": dict(software or {}),
+            "steps": [],
+            "notes": [],
+        }
+        run.write_manifest(manifest)
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        path = Path(path)
+        if not (path / MANIFEST).is_file():
+            raise UserError("not a run directory (no manifest.json)", source=str(path),
+                            fix="give the folder a benchmark or pipeline run created")
+        return cls(path)
+
+    # -- manifest ---------------------------------------------------------------------------------------
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    def manifest(self) -> dict[str, Any]:
+        return read_json(self.manifest_path)
+
+    def write_manifest(self, manifest: Mapping[str, Any]) -> None:
+        schemas.check(manifest, "run-manifest", str(self.manifest_path))
+        atomic_write_json(self.manifest_path, manifest)
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        manifest = self.manifest()
+        manifest.update(fields)
+        manifest["updated_at"] = now()
+        self.write_manifest(manifest)
+        return manifest
+
+    def set_status(self, status: str, reason: str | None = None) -> dict[str, Any]:
+        """Move the run along its lifecycle; a final status needs a reason unless it is `completed`."""
+        manifest = self.manifest()
+        current = manifest["status"]
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        if status not in TRANSITIONS[current]:
+            raise UserError(f"a run in status '{current}' cannot become '{status}'", source=str(self.path))
+        if status in FINAL - {"completed"} and not reason:
+            raise ValueError(f"status {status!r} needs a reason")
+        stamp = now()
+        manifest.update(status=status, reason=None if status == "completed" else reason, updated_at=stamp)
+        if status == "running":
+            manifest["started_at"] = stamp
+        if status in FINAL:
+            manifest["finished_at"] = stamp
+        self.write_manifest(manifest)
+        return manifest
+
+    def note(self, text: str) -> None:
+        manifest = self.manifest()
+        manifest.setdefault("notes", []).append(text)
+        self.update(notes=manifest["notes"])
+
+    # -- artifacts --------------------------------------------------------------------------------------
+
+    def records(self) -> JsonlAppender:
+        return JsonlAppender(self.path / RECORDS)
+
+    def append_record(self, appender: JsonlAppender, record: Mapping[str, Any]) -> None:
+        schemas.check(dict(record), "record", str(self.path / RECORDS))
+        appender.append(dict(record))
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        schemas.check(dict(summary), "summary", str(self.path / SUMMARY))
+        atomic_write_json(self.path / SUMMARY, summary)
+
+    def complete(self) -> dict[str, Any]:
+        """Mark the run completed, but only once every artifact validates against its schema."""
+        from draftscope.validate import validate_run
+
+        report = validate_run(self.path, final=True)
+        if not report.ok:
+            raise UserError(f"the run cannot be marked completed: {report.first_failure()}", source=str(self.path))
+        return self.set_status("completed")
