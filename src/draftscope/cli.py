@@ -43,7 +43,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     },
 )
 @user_errors
-def plan(c, experiment=None, prompts=None, opts=None, json=False):  # noqa: A002 - invoke flag name
+def plan(c, experiment=None, prompts=None, opts=None, json=False):
     """Print the experiment plan: backends, images, model + revision, prompts + hash, repeats, limits, downloads."""
     from draftscope.images import image_reference
     from draftscope.plan import plan_benchmark
@@ -98,7 +98,7 @@ def validate(c, run_dir):
 
 @task(help={"json": "print the report as JSON"})
 @user_errors
-def doctor(c, json=False):  # noqa: A002
+def doctor(c, json=False):
     """Report the host: NVIDIA GPUs and dtype policy, driver/CUDA, memory, disk, container engine, kit images."""
     from draftscope import doctor as D
 
@@ -115,7 +115,9 @@ def version(c):
     from draftscope.provenance import kit_info
 
     info = kit_info()
-    commit = f" ({info['git_commit'][:12]}{'+dirty' if info['git_dirty'] else ''})" if info["git_commit"] else ""
+    commit = (
+        f" ({info['git_commit'][:12]}{'+dirty' if info['git_dirty'] else ''})" if info["git_commit"] else ""
+    )
     print(f"draftscope {info['version']}{commit}")
 
 

@@ -52,8 +52,12 @@ def parse_opts(opts: Iterable[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise UserError("an override must look like key=value", field="--opts", value=item,
-                            fix="write e.g. --opts repeats=3 or --opts dflash.block_size=16")
+            raise UserError(
+                "an override must look like key=value",
+                field="--opts",
+                value=item,
+                fix="write e.g. --opts repeats=3 or --opts dflash.block_size=16",
+            )
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
@@ -65,7 +69,9 @@ def parse_opts(opts: Iterable[str]) -> dict[str, Any]:
                 raise UserError("empty component in an override key", field="--opts", value=item)
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise UserError(f"'{part}' is set both as a value and as a section", field="--opts", value=item)
+                raise UserError(
+                    f"'{part}' is set both as a value and as a section", field="--opts", value=item
+                )
             node = child
         node[parts[-1]] = value
     return result

@@ -8,6 +8,7 @@ a missing binary, a timeout or a missing file is an ordinary "not found" answer,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -33,6 +34,7 @@ ENGINE_TIMEOUT_S = 5.0
 # nvidia-smi can take several seconds to initialise the driver on a cold machine.
 SMI_TIMEOUT_S = 15.0
 _MISSING = {"[N/A]", "[Not Supported]", "N/A", ""}
+_CDI = (".yaml", ".yml", ".json")
 
 
 def dtype_for_capability(major: int, minor: int) -> str:
@@ -79,6 +81,17 @@ def _opt(text: str) -> str | None:
     return None if text in _MISSING else text
 
 
+def _int(text: str) -> int | None:
+    return None if text in _MISSING else int(text)
+
+
+def _capability(text: str) -> tuple[int, int] | None:
+    if text in _MISSING:
+        return None
+    major, minor = text.split(".")  # "8.0"; anything else is a ValueError
+    return int(major), int(minor)
+
+
 def parse_nvidia_smi(csv_text: str) -> list[Gpu]:
     """Parse `nvidia-smi --query-gpu=<SMI_FIELDS> --format=csv,noheader,nounits` output, one GPU a line."""
     gpus = []
@@ -87,20 +100,24 @@ def parse_nvidia_smi(csv_text: str) -> list[Gpu]:
             continue
         fields = [f.strip() for f in line.split(",")]
         if len(fields) != 8:
-            raise _smi_error(lineno, line, f"expected 8 comma-separated fields ({SMI_FIELDS}), got {len(fields)}")
+            raise _smi_error(lineno, line, f"expected 8 fields ({SMI_FIELDS}), got {len(fields)}")
         index, name, uuid, cap, total, free, driver, clock = fields
         try:
-            cap_value = _opt(cap)
-            capability = None
-            if cap_value is not None:
-                major, minor = cap_value.split(".")
-                capability = (int(major), int(minor))
-            numbers = [None if _opt(v) is None else int(v) for v in (total, free, clock)]
             gpus.append(
-                Gpu(int(index), name, _opt(uuid), capability, numbers[0], numbers[1], _opt(driver), None, numbers[2])
+                Gpu(
+                    int(index),
+                    name,
+                    _opt(uuid),
+                    _capability(cap),
+                    _int(total),
+                    _int(free),
+                    _opt(driver),
+                    cuda_version=None,
+                    clocks_sm_max_mhz=_int(clock),
+                )
             )
         except ValueError:
-            raise _smi_error(lineno, line, "a number or compute capability (like 8.0) did not parse") from None
+            raise _smi_error(lineno, line, "a number or a capability (like 8.0) did not parse") from None
     return gpus
 
 
@@ -151,17 +168,17 @@ def gpus_from_nvml(nvml: Any | None = None) -> list[Gpu] | None:
     except nvml.NVMLError:
         return None
     finally:
-        try:
+        with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
-        except nvml.NVMLError:
-            pass
 
 
-def _run(runner: Runner, argv: list[str], timeout: float = ENGINE_TIMEOUT_S) -> subprocess.CompletedProcess | None:
+def _run(
+    runner: Runner, argv: list[str], timeout: float = ENGINE_TIMEOUT_S
+) -> subprocess.CompletedProcess | None:
     """Run argv; None when the binary is missing or does not answer in time."""
     try:
         return runner(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except (FileNotFoundError, PermissionError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired):  # not installed, not executable, or hanging
         return None
 
 
@@ -201,13 +218,16 @@ class Probes:
 def unsupported_accelerators(probes: Probes) -> list[dict[str, str]]:
     """Non-NVIDIA accelerators, from cheap filesystem/PATH evidence: reported, never used."""
     found = []
-    vendors = {(probes.read_text(p) or "").strip() for p in probes.glob("/sys/class/drm/renderD*/device/vendor")}
-    amd = [e for e in ("/dev/kfd",) if probes.exists(e)] + [t for t in ("rocm-smi", "amd-smi") if probes.which(t)]
+    # PCI vendor ids of render nodes: 0x1002 AMD, 0x8086 Intel (NVIDIA's 0x10de is the supported case).
+    drm = probes.glob("/sys/class/drm/renderD*/device/vendor")
+    vendors = {(probes.read_text(p) or "").strip() for p in drm}
+    amd = ["/dev/kfd"] if probes.exists("/dev/kfd") else []
+    amd += [tool for tool in ("rocm-smi", "amd-smi") if probes.which(tool)]
     if amd or "0x1002" in vendors:
         found.append({"vendor": "AMD", "stack": "ROCm", "evidence": ", ".join(amd) or "DRM vendor 0x1002"})
-    intel = [t for t in ("xpu-smi", "sycl-ls") if probes.which(t)]
+    intel = [tool for tool in ("xpu-smi", "sycl-ls") if probes.which(tool)]
     if intel or "0x8086" in vendors:
-        found.append({"vendor": "Intel", "stack": "XPU/oneAPI", "evidence": ", ".join(intel) or "DRM vendor 0x8086"})
+        found.append({"vendor": "Intel", "stack": "XPU", "evidence": ", ".join(intel) or "DRM vendor 0x8086"})
     if probes.system() == ("darwin", "arm64"):
         found.append({"vendor": "Apple", "stack": "MPS", "evidence": "macOS on arm64"})
     return found
@@ -215,7 +235,7 @@ def unsupported_accelerators(probes: Probes) -> list[dict[str, str]]:
 
 def _engine(probes: Probes, name: str) -> dict[str, Any]:
     """Whether `name` is on PATH and its engine answers; docker prints a null Server when it does not."""
-    info: dict[str, Any] = {"name": name, "path": probes.which(name), "answers": False, "version": None, "error": None}
+    info: dict[str, Any] = dict(name=name, path=probes.which(name), answers=False, version=None, error=None)
     if info["path"] is None:
         return info
     fmt = "{{json .}}" if name == "docker" else "json"
@@ -238,9 +258,13 @@ def _engine(probes: Probes, name: str) -> dict[str, Any]:
 def _toolkit(probes: Probes) -> dict[str, Any]:
     """NVIDIA Container Toolkit pieces: the CLI, the runtime and any CDI specs generated by it."""
     done = _run(probes.run, ["nvidia-ctk", "--version"])
-    ctk = done.stdout.strip().splitlines()[0] if done and done.returncode == 0 and done.stdout.strip() else None
-    specs = sorted(p for d in ("/etc/cdi", "/var/run/cdi") for ext in ("yaml", "json") for p in probes.glob(f"{d}/*.{ext}"))
-    return {"nvidia_ctk": ctk, "runtime": probes.which("nvidia-container-runtime"), "cdi_specs": specs}
+    first = done.stdout.strip().splitlines()[:1] if done and done.returncode == 0 else []
+    specs = sorted(p for d in ("/etc/cdi", "/var/run/cdi") for p in probes.glob(f"{d}/*") if p.endswith(_CDI))
+    return {
+        "nvidia_ctk": first[0] if first else None,
+        "runtime": probes.which("nvidia-container-runtime"),
+        "cdi_specs": specs,
+    }
 
 
 def _images(probes: Probes, engine: str) -> dict[str, Any]:
@@ -251,11 +275,9 @@ def _images(probes: Probes, engine: str) -> dict[str, Any]:
         done = _run(probes.run, [engine, "image", "inspect", ref])
         entry: dict[str, Any] = {"reference": ref, "present": False, "id": None, "repo_digests": []}
         if done is not None and done.returncode == 0:
-            try:
+            with contextlib.suppress(ValueError, LookupError, AttributeError):  # not the JSON we expect
                 data = json.loads(done.stdout)[0]
                 entry.update(present=True, id=data.get("Id"), repo_digests=data.get("RepoDigests") or [])
-            except (ValueError, IndexError, KeyError, AttributeError):
-                pass
         out[name] = entry
     return out
 
@@ -264,32 +286,42 @@ def _memory(probes: Probes) -> dict[str, int] | None:
     text = probes.read_text("/proc/meminfo")
     if text is None:
         return None
-    kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+    kib = {key: int(value) for key, value in re.findall(r"^(\w+):\s+(\d+)", text, re.MULTILINE)}
     if "MemTotal" not in kib:
         return None
-    return {"total_mib": kib["MemTotal"] // 1024, "available_mib": kib.get("MemAvailable", kib.get("MemFree", 0)) // 1024}
+    # MemAvailable (Linux >= 3.14) counts reclaimable cache; MemFree is the older, pessimistic figure.
+    available = kib.get("MemAvailable", kib.get("MemFree", 0))
+    return {"total_mib": kib["MemTotal"] // 1024, "available_mib": available // 1024}
 
 
 def _disk(probes: Probes) -> dict[str, Any]:
     usage = probes.disk_usage(probes.cwd)
-    return {"path": os.path.abspath(probes.cwd), "free_gib": round(usage.free / 2**30, 1), "total_gib": round(usage.total / 2**30, 1)}
+    return {
+        "path": os.path.abspath(probes.cwd),
+        "free_gib": round(usage.free / 2**30, 1),
+        "total_gib": round(usage.total / 2**30, 1),
+    }
 
 
 def _verdict(report: dict[str, Any]) -> list[str]:
-    lines = []
-    gpus = report["gpus"]
+    """What the findings mean for running the kit here, most important first."""
+    gpus, lines = report["gpus"], []
     if gpus:
-        dtypes = sorted({g["dtype"] or "unknown" for g in gpus})
-        lines.append(f"{len(gpus)} NVIDIA GPU(s) via {report['gpu_source']}; models run in {'/'.join(dtypes)}")
+        dtypes = "/".join(sorted({g["dtype"] or "unknown" for g in gpus}))
+        lines.append(f"{len(gpus)} NVIDIA GPU(s) via {report['gpu_source']}; models run in {dtypes}")
     else:
-        lines.append("no NVIDIA GPU found: GPU steps cannot run here; `--runtime local` CPU runs and dry runs work")
-    for acc in report["unsupported_accelerators"]:
-        lines.append(f"{acc['vendor']} {acc['stack']} found ({acc['evidence']}): not supported, the kit targets NVIDIA CUDA")
+        lines.append(
+            "no NVIDIA GPU found: GPU steps cannot run here; CPU runs (`--runtime local`) still work"
+        )
+    lines += [
+        f"{a['vendor']} {a['stack']} found ({a['evidence']}): not supported, the kit targets NVIDIA CUDA"
+        for a in report["unsupported_accelerators"]
+    ]
     answering = [e["name"] for e in report["engines"] if e["answers"]]
     if not answering:
         lines.append("no container engine answers: start docker or podman, or use `--runtime local`")
     if gpus and answering and not (report["toolkit"]["nvidia_ctk"] or report["toolkit"]["runtime"]):
-        lines.append("NVIDIA Container Toolkit not found: containers will not see the GPUs; install nvidia-container-toolkit")
+        lines.append("NVIDIA Container Toolkit not found: containers will not see the GPUs; install it")
     for engine, images in report["images"].items():
         missing = [name for name, entry in images.items() if not entry["present"]]
         if missing:
@@ -322,24 +354,32 @@ def render(report: dict[str, Any]) -> list[str]:
     """Human-readable lines for a `collect` report."""
     lines = [f"GPUs ({report['gpu_source']}):" if report["gpus"] else "GPUs: no NVIDIA GPU found"]
     for g in report["gpus"]:
-        cap = ".".join(map(str, g["compute_capability"])) if g["compute_capability"] else "?"
+        cap = ".".join(map(str, g["compute_capability"] or ["?"]))
         lines.append(
-            f"  {g['index']}: {g['name']}, compute {cap}, {g['dtype']}, {g['memory_free_mib']}/{g['memory_total_mib']} MiB"
-            f" free, driver {g['driver_version']}, CUDA {g['cuda_version']}, SM max {g['clocks_sm_max_mhz']} MHz"
+            f"  {g['index']}: {g['name']}, compute {cap}, {g['dtype']}, {g['memory_free_mib']} MiB free of"
+            f" {g['memory_total_mib']}, driver {g['driver_version']}, CUDA {g['cuda_version']},"
+            f" SM max {g['clocks_sm_max_mhz']} MHz"
         )
-    for acc in report["unsupported_accelerators"]:
-        lines.append(f"unsupported accelerator: {acc['vendor']} {acc['stack']} ({acc['evidence']})")
+    lines += [
+        f"unsupported: {a['vendor']} {a['stack']} ({a['evidence']})"
+        for a in report["unsupported_accelerators"]
+    ]
     for e in report["engines"]:
-        state = "not on PATH" if e["path"] is None else ("answers, version " + str(e["version"]) if e["answers"] else f"not answering ({e['error']})")
-        lines.append(f"{e['name']}: {state}")
+        state = f"answers, version {e['version']}" if e["answers"] else f"not answering ({e['error']})"
+        lines.append(f"{e['name']}: {state if e['path'] else 'not on PATH'}")
     kit = report["toolkit"]
-    lines.append(f"NVIDIA Container Toolkit: nvidia-ctk {kit['nvidia_ctk'] or 'not found'}, runtime {kit['runtime'] or 'not found'}, CDI specs {', '.join(kit['cdi_specs']) or 'none'}")
+    lines.append(
+        f"NVIDIA Container Toolkit: nvidia-ctk {kit['nvidia_ctk'] or 'not found'},"
+        f" runtime {kit['runtime'] or 'not found'}, CDI specs {', '.join(kit['cdi_specs']) or 'none'}"
+    )
     for engine, images in report["images"].items():
-        for name, entry in images.items():
-            lines.append(f"{engine} image {entry['reference']}: {entry['id'] if entry['present'] else 'missing'}")
-    if report["memory"]:
-        lines.append(f"memory: {report['memory']['available_mib']} MiB available of {report['memory']['total_mib']} MiB")
-    lines.append(f"disk: {report['disk']['free_gib']} GiB free of {report['disk']['total_gib']} GiB at {report['disk']['path']}")
+        lines += [
+            f"{engine} {e['reference']}: {e['id'] if e['present'] else 'missing'}" for e in images.values()
+        ]
+    if mem := report["memory"]:
+        lines.append(f"memory: {mem['available_mib']} MiB available of {mem['total_mib']} MiB")
+    disk = report["disk"]
+    lines.append(f"disk: {disk['free_gib']} GiB free of {disk['total_gib']} GiB at {disk['path']}")
     lines.append("verdict:")
     lines.extend(f"  - {line}" for line in report["verdict"])
     return lines

@@ -6,6 +6,7 @@ JSON Lines record readable: each record is one `write()` of one complete line, f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,10 +34,8 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except BaseException:
         # Covers KeyboardInterrupt too: never leave a stray temp file behind.
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     _fsync_dir(path.parent)
 
@@ -68,7 +67,9 @@ def read_json(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise UserError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=str(path)) from None
     except json.JSONDecodeError as exc:
-        raise UserError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=str(path)) from None
+        raise UserError(
+            f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=str(path)
+        ) from None
 
 
 class JsonlAppender:

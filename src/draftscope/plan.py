@@ -113,14 +113,20 @@ def resolve_path(path: str) -> Path:
 def load_prompts(path: str) -> Prompts:
     resolved = resolve_path(path)
     if not resolved.is_file():
-        raise UserError("prompt file not found", field="prompts", value=path, fix="give --prompts a JSON prompt file")
+        raise UserError(
+            "prompt file not found", field="prompts", value=path, fix="give --prompts a JSON prompt file"
+        )
     data = read_json(resolved)
     check(data, "prompts", str(resolved))
     ids = [p["id"] for p in data["prompts"]]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise UserError(f"duplicate prompt ids {duplicates}", source=str(resolved), field="prompts[].id",
-                        fix="give every prompt a unique id")
+        raise UserError(
+            f"duplicate prompt ids {duplicates}",
+            source=str(resolved),
+            field="prompts[].id",
+            fix="give every prompt a unique id",
+        )
     return Prompts(str(resolved), sha256_file(resolved), len(ids))
 
 
@@ -141,11 +147,17 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
     )
     for d in downloads:
         if d.revision is None:
-            notes.append(f"{d.role} {d.repo} is not pinned: a real run refuses it until a full commit SHA is set")
+            notes.append(
+                f"{d.role} {d.repo} is not pinned: a real run refuses it until a full commit SHA is set"
+            )
     if preset.source == "kit":
-        notes.append(f"model preset '{preset.name}' is built by the kit (invoke tiny.build); nothing is downloaded")
+        notes.append(
+            f"model preset '{preset.name}' is built by the kit (invoke tiny.build); nothing is downloaded"
+        )
     if preset.architecture.is_hybrid and config.backend == "vllm":
-        notes.append("hybrid (linear-attention) target: custom all-reduce off, mp executor (integration bug 1)")
+        notes.append(
+            "hybrid (linear-attention) target: custom all-reduce off, mp executor (integration bug 1)"
+        )
 
     image = images.STEP_IMAGES[f"benchmark:{config.backend}"]
     gpus = 0 if config.device == "cpu" else -1

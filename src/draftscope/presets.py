@@ -136,12 +136,17 @@ class ModelPreset:
         if too_deep:
             raise UserError(
                 f"target layer ids {too_deep} do not exist in a {self.architecture.num_layers}-layer model",
-                source=self.path or self.name, field="dflash.target_layer_ids",
+                source=self.path or self.name,
+                field="dflash.target_layer_ids",
                 fix=f"use ids between 0 and {self.architecture.num_layers - 1}",
             )
         if list(self.dflash.target_layer_ids) != sorted(self.dflash.target_layer_ids):
-            raise UserError("target layer ids must be in increasing order", source=self.path or self.name,
-                            field="dflash.target_layer_ids", value=list(self.dflash.target_layer_ids))
+            raise UserError(
+                "target layer ids must be in increasing order",
+                source=self.path or self.name,
+                field="dflash.target_layer_ids",
+                value=list(self.dflash.target_layer_ids),
+            )
 
 
 # --- experiment configs -------------------------------------------------------------------------------------
@@ -186,23 +191,47 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         # Cross-field rules the schema cannot state; each names the field and the fix.
         if self.int4_dflash and self.backend != "vllm":
-            raise UserError("int4_dflash needs the vLLM backend", field="int4_dflash", value=True,
-                            fix="add --backend vllm or drop --int4-dflash")
+            raise UserError(
+                "int4_dflash needs the vLLM backend",
+                field="int4_dflash",
+                value=True,
+                fix="add --backend vllm or drop --int4-dflash",
+            )
         if self.experimental_prefix and not (self.backend == "vllm" and self.int4_dflash):
-            raise UserError("the experimental prefix head runs only with --backend vllm --int4-dflash",
-                            field="experimental_prefix", value=True, fix="add --backend vllm --int4-dflash")
+            raise UserError(
+                "the experimental prefix head runs only with --backend vllm --int4-dflash",
+                field="experimental_prefix",
+                value=True,
+                fix="add --backend vllm --int4-dflash",
+            )
         if self.model is not None and self.revision is None:
-            raise UserError("a custom model needs a full commit revision", field="revision", value=None,
-                            fix=f"add --revision FULL_40_HEX_SHA for {self.model}")
+            raise UserError(
+                "a custom model needs a full commit revision",
+                field="revision",
+                value=None,
+                fix=f"add --revision FULL_40_HEX_SHA for {self.model}",
+            )
         if self.revision is not None and self.model is None:
-            raise UserError("--revision is given without --model", field="revision", value=self.revision,
-                            fix="add --model OWNER/NAME, or drop --revision to use the preset's pin")
+            raise UserError(
+                "--revision is given without --model",
+                field="revision",
+                value=self.revision,
+                fix="add --model OWNER/NAME, or drop --revision to use the preset's pin",
+            )
         if self.draft is not None and self.draft_revision is None:
-            raise UserError("a custom draft needs a full commit revision", field="draft_revision", value=None,
-                            fix=f"add --draft-revision FULL_40_HEX_SHA for {self.draft}")
+            raise UserError(
+                "a custom draft needs a full commit revision",
+                field="draft_revision",
+                value=None,
+                fix=f"add --draft-revision FULL_40_HEX_SHA for {self.draft}",
+            )
         if self.backend == "vllm" and self.device != "cuda":
-            raise UserError("the vLLM backend runs only on an NVIDIA GPU", field="device", value=self.device,
-                            fix="use --device cuda, or --backend transformers for a CPU run")
+            raise UserError(
+                "the vLLM backend runs only on an NVIDIA GPU",
+                field="device",
+                value=self.device,
+                fix="use --device cuda, or --backend transformers for a CPU run",
+            )
         if self.backend == "vllm" and self.runtime == "local" and self.device == "cpu":
             raise UserError("the vLLM backend cannot run on the CPU", field="runtime", value=self.runtime)
 
@@ -236,14 +265,20 @@ def _find(kind: str, name: str, what: str) -> Path:
         return candidate
     hint = difflib.get_close_matches(name, list(files), n=1)
     suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-    raise UserError(f"no {what} named '{name}'", field=what, fix=f"{suggestion}choose one of: {', '.join(files)}")
+    raise UserError(
+        f"no {what} named '{name}'", field=what, fix=f"{suggestion}choose one of: {', '.join(files)}"
+    )
 
 
 def _load_file(path: Path, schema: str) -> dict[str, Any]:
     data = validated(load_yaml(path), schema, str(path))
     if path.parent.name in (MODEL_DIR, EXPERIMENT_DIR) and data["name"] != path.stem:
-        raise UserError(f"name '{data['name']}' differs from the file name", source=str(path), field="name",
-                        fix=f"set name: {path.stem} or rename the file")
+        raise UserError(
+            f"name '{data['name']}' differs from the file name",
+            source=str(path),
+            field="name",
+            fix=f"set name: {path.stem} or rename the file",
+        )
     return data
 
 
@@ -254,11 +289,15 @@ def load_model_preset(name: str) -> ModelPreset:
         return replace(build(ModelPreset, data), path=str(path))
     except UserError as exc:
         if exc.source is None:
-            raise UserError(exc.message, source=str(path), field=exc.field, value=exc.value, fix=exc.fix) from None
+            raise UserError(
+                exc.message, source=str(path), field=exc.field, value=exc.value, fix=exc.fix
+            ) from None
         raise
 
 
-def load_experiment(name: str, overrides: Mapping[str, Any] | None = None, opts: Iterable[str] = ()) -> ExperimentConfig:
+def load_experiment(
+    name: str, overrides: Mapping[str, Any] | None = None, opts: Iterable[str] = ()
+) -> ExperimentConfig:
     """An experiment preset with overrides (from typed options and `--opts key=value`), validated as a whole."""
     path = _find(EXPERIMENT_DIR, name, "experiment preset")
     data = _load_file(path, "experiment")
@@ -277,8 +316,11 @@ def resolve_target(config: ExperimentConfig, preset: ModelPreset) -> HubRef | No
         return HubRef(config.model, config.revision)
     if config.int4_dflash:
         if preset.int4 is None:
-            raise UserError(f"model preset '{preset.name}' names no INT4 checkpoint", field="int4_dflash",
-                            fix="choose a preset with an 'int4' entry, or pass --model and --revision")
+            raise UserError(
+                f"model preset '{preset.name}' names no INT4 checkpoint",
+                field="int4_dflash",
+                fix="choose a preset with an 'int4' entry, or pass --model and --revision",
+            )
         return preset.int4
     return preset.hub  # None for the kit-built tiny model
 
@@ -288,7 +330,10 @@ def resolve_draft(config: ExperimentConfig, preset: ModelPreset) -> HubRef | Non
         return HubRef(config.draft, config.draft_revision)
     if config.int4_dflash:
         if preset.drafts.dflash2 is None:
-            raise UserError(f"model preset '{preset.name}' names no DFlash2 draft", field="drafts.dflash2",
-                            fix="choose a preset with a dflash2 draft, or pass --draft and --draft-revision")
+            raise UserError(
+                f"model preset '{preset.name}' names no DFlash2 draft",
+                field="drafts.dflash2",
+                fix="choose a preset with a dflash2 draft, or pass --draft and --draft-revision",
+            )
         return preset.drafts.dflash2
     return None

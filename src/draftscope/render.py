@@ -28,15 +28,24 @@ def preset_table(models: Iterable[ModelPreset], experiments: Iterable[Experiment
         model = p.hub.repo if p.hub else "(built by the kit)"
         rev = (p.hub.revision[:12] + "…") if p.hub and p.hub.revision else ("unpinned" if p.hub else "-")
         mt.add_row(
-            p.name, model, rev, p.architecture.kind, str(p.architecture.num_layers),
-            f"{p.dflash.block_size}/{p.dflash.decay_gamma:g}", " ".join(map(str, p.dflash.target_layer_ids)),
+            p.name,
+            model,
+            rev,
+            p.architecture.kind,
+            str(p.architecture.num_layers),
+            f"{p.dflash.block_size}/{p.dflash.decay_gamma:g}",
+            " ".join(map(str, p.dflash.target_layer_ids)),
             "yes" if p.status.tested else "no",
         )
     et = Table(title="Experiment presets", title_justify="left")
     for col in ("name", "backend", "model preset", "device/runtime", "description"):
         et.add_column(col, overflow="fold")
     for e in experiments:
-        backend = e.backend + (" int4+dflash2" if e.int4_dflash else "") + (" +prefix" if e.experimental_prefix else "")
+        backend = (
+            e.backend
+            + (" int4+dflash2" if e.int4_dflash else "")
+            + (" +prefix" if e.experimental_prefix else "")
+        )
         et.add_row(e.name, backend, e.model_preset, f"{e.device}/{e.runtime}", e.description)
     return [mt, et]
 
@@ -63,7 +72,9 @@ def step_lines(step: Step) -> list[str]:
 
 def plan_lines(plan: Plan, image_ref) -> list[str]:
     e, p = plan.experiment, plan.preset
-    target = plan.target.display() if plan.target else f"{p.display_name} (built by the kit, preset '{p.name}')"
+    target = (
+        plan.target.display() if plan.target else f"{p.display_name} (built by the kit, preset '{p.name}')"
+    )
     lines = [
         f"experiment {e.name}: backend {e.backend}"
         + (", INT4 + DFlash2" if e.int4_dflash else "")

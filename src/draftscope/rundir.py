@@ -27,6 +27,9 @@ MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
 SUMMARY = "summary.json"
 
+# The schema of the frozen `config` inside a manifest, by run kind; checked at creation and by `validate`.
+CONFIG_SCHEMAS = {"benchmark": "experiment", "reproduce": "experiment"}
+
 STATUSES = ("created", "running", "completed", "failed", "timed_out", "interrupted")
 FINAL = frozenset({"completed", "failed", "timed_out", "interrupted"})
 # Which status may follow which. A final status is final: a finished run is never reopened.
@@ -75,7 +78,9 @@ class RunDir:
         An existing path — file, directory or link, empty or not — is refused and left untouched.
         """
         path = Path(path)
-        described = [describe_input(i) for i in inputs]  # fail on a missing input before creating anything
+        if kind in CONFIG_SCHEMAS:
+            schemas.check(dict(config), CONFIG_SCHEMAS[kind], "config")
+        described = [describe_input(i) for i in inputs]  # fail on bad input before creating anything
         if not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -83,7 +88,9 @@ class RunDir:
         except FileExistsError:
             raise UserError(
                 "the output directory already exists; runs are never overwritten or merged",
-                field="--output", value=str(path), fix="choose a new --output path",
+                field="--output",
+                value=str(path),
+                fix="choose a new --output path",
             ) from None
         run = cls(path)
         (path / "logs").mkdir()
@@ -120,8 +127,11 @@ class RunDir:
     def open(cls, path: Path) -> RunDir:
         path = Path(path)
         if not (path / MANIFEST).is_file():
-            raise UserError("not a run directory (no manifest.json)", source=str(path),
-                            fix="give the folder a benchmark or pipeline run created")
+            raise UserError(
+                "not a run directory (no manifest.json)",
+                source=str(path),
+                fix="give the folder a benchmark or pipeline run created",
+            )
         return cls(path)
 
     # -- manifest ---------------------------------------------------------------------------------------
@@ -187,5 +197,7 @@ class RunDir:
 
         report = validate_run(self.path, final=True)
         if not report.ok:
-            raise UserError(f"the run cannot be marked completed: {report.first_failure()}", source=str(self.path))
+            raise UserError(
+                f"the run cannot be marked completed: {report.first_failure()}", source=str(self.path)
+            )
         return self.set_status("completed")

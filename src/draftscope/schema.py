@@ -49,7 +49,9 @@ def _load_all() -> tuple[dict[str, dict[str, Any]], Registry]:
         if schema.get("$id") != expected:
             raise RuntimeError(f"{path}: $id must be {expected!r}")  # a bug in the kit, not user input
         schemas[name] = schema
-        registry = registry.with_resource(expected, Resource.from_contents(schema, default_specification=DRAFT202012))
+        registry = registry.with_resource(
+            expected, Resource.from_contents(schema, default_specification=DRAFT202012)
+        )
     return schemas, registry
 
 
@@ -75,7 +77,9 @@ def _validator(name: str) -> Draft202012Validator:
 def problems(instance: Any, schema: str) -> list[Problem]:
     """Every problem of `instance` against the named schema, most specific first, deterministic order."""
     validator = _validator(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    errors = sorted(
+        validator.iter_errors(instance), key=lambda e: (list(map(str, e.absolute_path)), e.message)
+    )
     out: list[Problem] = []
     for error in errors:
         out.extend(_describe(error))

@@ -8,10 +8,8 @@ from pathlib import Path
 from draftscope import schema as schemas
 from draftscope.errors import UserError
 from draftscope.jsonio import iter_jsonl, read_json, sha256_file
-from draftscope.rundir import MANIFEST, RECORDS, SUMMARY
+from draftscope.rundir import CONFIG_SCHEMAS, MANIFEST, RECORDS, SUMMARY
 
-# The schema of the frozen `config` inside a manifest, by run kind.
-CONFIG_SCHEMAS = {"benchmark": "experiment", "reproduce": "experiment"}
 # Kinds whose completed runs must have a summary.json.
 SUMMARY_KINDS = frozenset({"benchmark", "reproduce"})
 

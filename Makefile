@@ -1,0 +1,39 @@
+# draftscope — every target is a thin call into the kit (tasks.py / invoke) or a standard tool.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU runtime's torch. On machines whose pip serves a CPU wheel for this pin, nothing large is downloaded;
+# elsewhere point pip at a CPU wheel index, e.g. `make setup TORCH_SPEC="torch==2.13.0 --index-url URL"`.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup plan test lint format clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
+	touch $@
+
+# Set-up, then the default experiment plan: what would run, in which image, on which pinned weights.
+plan: setup
+	$(BIN)/invoke plan
+
+# The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
+# (The container and contract tiers have their own targets once they exist; gpu tests skip without CUDA.)
+test: setup lint
+	$(BIN)/python -m pytest -m "not container and not contract" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache

@@ -1,0 +1,137 @@
+import json
+
+import pytest
+
+from draftscope.rundir import RunDir
+from draftscope.validate import validate_run
+
+SHA = "a" * 64
+
+
+def record(i=0, repeat=0):
+    return {
+        "schema_version": 1,
+        "prompt_id": f"p{i}",
+        "prompt_sha256": SHA,
+        "repeat": repeat,
+        "prompt_tokens": 5,
+        "generated_token_ids": [1, 2, 3],
+        "generated_tokens": 3,
+        "request_seconds": 0.5,
+        "request_tok_s": 6.0,
+        "decode_tok_s": 8.0,
+        "token_timestamps": [0.1, 0.35, 0.35],
+        "timing_source": "test",
+        "finish_reason": "length",
+    }
+
+
+def stat(v):
+    return {"median": v, "min": v, "max": v, "n": 1}
+
+
+def summary(run_id, n):
+    stats = {
+        "request_tok_s": stat(6.0),
+        "decode_tok_s": stat(8.0),
+        "request_seconds": stat(0.5),
+        "generated_tokens": stat(3),
+    }
+    return {
+        "schema_version": 1,
+        "run_id": run_id,
+        "records": n,
+        "prompts_total": 1,
+        "prompts_completed": 1,
+        "greedy_agreement": True,
+        "disagreements": [],
+        "quality_accepted": None,
+        "overall": stats,
+        "per_prompt": {"p0": stats},
+    }
+
+
+CONFIG = {"schema_version": 1, "name": "t", "backend": "transformers", "model_preset": "tiny"}
+
+
+@pytest.fixture
+def completed_run(tmp_path):
+    run = RunDir.create(tmp_path / "run", kind="benchmark", config=CONFIG, argv=["t"])
+    run.set_status("running")
+    with run.records() as out:
+        run.append_record(out, record())
+        run.append_record(out, record(repeat=1))
+    run.write_summary(summary("run", 2))
+    run.complete()
+    return tmp_path / "run"
+
+
+def test_completed_run_validates(completed_run):
+    report = validate_run(completed_run)
+    assert report.ok, report.first_failure()
+    assert [v.file for v in report.verdicts] == ["manifest.json", "records.jsonl", "summary.json"]
+
+
+def test_invalid_json_manifest_names_file_and_path(completed_run):
+    path = completed_run / "manifest.json"
+    path.write_text(path.read_text()[:-20])
+    report = validate_run(completed_run)
+    assert not report.ok
+    bad = report.verdicts[0]
+    assert bad.file == "manifest.json" and bad.detail.startswith("$: not valid JSON")
+
+
+def test_schema_violation_names_json_path(completed_run):
+    path = completed_run / "manifest.json"
+    m = json.loads(path.read_text())
+    m["status"] = "finished"
+    m["inputs"] = [{"name": "p", "path": "x", "sha256": "nothex", "bytes": 1}]
+    path.write_text(json.dumps(m))
+    line = validate_run(completed_run).verdicts[0].line()
+    assert line.startswith("FAIL manifest.json") and "$.inputs[0].sha256" in line
+
+
+def test_config_is_checked_against_the_experiment_schema(completed_run):
+    path = completed_run / "manifest.json"
+    m = json.loads(path.read_text())
+    m["config"]["repeats"] = -1
+    path.write_text(json.dumps(m))
+    assert "$.config.repeats" in validate_run(completed_run).first_failure()
+
+
+def test_bad_record_line_is_named(completed_run):
+    with (completed_run / "records.jsonl").open("a") as fh:
+        fh.write(json.dumps({**record(), "request_seconds": -1}) + "\n")
+    failure = validate_run(completed_run).first_failure()
+    assert failure.startswith("records.jsonl: line 3: $.request_seconds")
+
+
+def test_summary_must_agree_with_records(completed_run):
+    (completed_run / "records.jsonl").write_text(json.dumps(record()) + "\n")
+    assert "says 2 but records.jsonl has 1" in validate_run(completed_run).first_failure()
+
+
+def test_completed_run_without_summary_fails(completed_run):
+    (completed_run / "summary.json").unlink()
+    assert "summary.json: missing" in validate_run(completed_run).first_failure()
+
+
+def test_partial_run_without_summary_is_valid(tmp_path):
+    run = RunDir.create(tmp_path / "p", kind="benchmark", config=CONFIG, argv=["t"])
+    run.set_status("running")
+    with run.records() as out:
+        run.append_record(out, record())
+    run.set_status("timed_out", "max-seconds reached")
+    assert validate_run(tmp_path / "p").ok
+
+
+def test_tampered_input_copy_is_detected(tmp_path):
+    from draftscope.rundir import InputFile
+
+    src = tmp_path / "prompts.json"
+    src.write_text("{}")
+    RunDir.create(
+        tmp_path / "r", kind="benchmark", config=CONFIG, argv=["t"], inputs=[InputFile("prompts", src)]
+    )
+    (tmp_path / "r" / "inputs" / "prompts.json").write_text("{} ")
+    assert "no longer has the recorded hash" in validate_run(tmp_path / "r").first_failure()
