@@ -25,7 +25,7 @@ from draftscope.presets import (
     resolve_draft,
     resolve_target,
 )
-from draftscope.resources import repo_root
+from draftscope.resources import examples_dir, repo_root
 from draftscope.schema import check
 
 # Paths inside the containers.
@@ -104,9 +104,7 @@ def resolve_path(path: str) -> Path:
     root = repo_root()
     if root is not None and (root / candidate).exists():
         return root / candidate
-    from draftscope.resources import examples_dir
-
-    packaged = examples_dir().parent / candidate
+    packaged = examples_dir().parent / candidate  # inside an installed wheel
     return packaged if packaged.exists() else candidate
 
 

@@ -16,8 +16,9 @@ from draftscope.provenance import shell_join
 
 
 def console() -> Console:
-    # Wide when piped so that argv lines and hashes are never cut; no colour codes in files.
-    return Console(highlight=False, soft_wrap=True)
+    # Wide when piped (tables are not squeezed into 80 columns); no colour codes in files.
+    probe = Console()
+    return Console(highlight=False, width=None if probe.is_terminal else 160)
 
 
 def preset_table(models: Iterable[ModelPreset], experiments: Iterable[ExperimentConfig]) -> list[Table]:

@@ -6,6 +6,7 @@ the package under `draftscope/_data/`. The checkout wins so that edits are seen 
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 
@@ -33,7 +34,9 @@ def schemas_dir() -> Path:
 
 
 def presets_dir() -> Path:
-    return _data_dir("presets")
+    """`$DRAFTSCOPE_PRESETS` (a folder with `models/` and `experiments/`) when set, else the kit's own."""
+    override = os.environ.get("DRAFTSCOPE_PRESETS")
+    return Path(override) if override else _data_dir("presets")
 
 
 def examples_dir() -> Path:

@@ -151,3 +151,33 @@ def test_in_container_entry_point_selfcheck():
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["schemas"] >= 8
     assert report["versions"]["draftscope"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needles"),
+    [
+        (
+            "  block_size: 8\n",
+            "  block_size: 8\n  blok_size: 8\n",
+            ["$.dflash.blok_size", "unknown key 'blok_size'"],
+        ),
+        (
+            "b968826d9c46dd6066d109eabc6255188de91218",
+            "b968826",
+            ["$.hub.revision", "'b968826'", "40-character"],
+        ),
+    ],
+    ids=["unknown-key", "short-revision"],
+)
+def test_a_bad_preset_is_one_line_naming_file_key_and_fix(tmp_path, old, new, needles):
+    import shutil
+
+    shutil.copytree(ROOT / "presets", tmp_path / "presets")
+    path = tmp_path / "presets" / "models" / "qwen3-8b.yaml"
+    path.write_text(path.read_text().replace(old, new, 1))
+    result = run_invoke("presets", env={"DRAFTSCOPE_PRESETS": str(tmp_path / "presets")})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert str(path) in line and "fix:" in line
+    for needle in needles:
+        assert needle in line
