@@ -72,6 +72,8 @@ class KitModel:
     draft_hidden_size: int
     draft_num_layers: int
     corpus: str = ""
+    files: Mapping[str, str] = field(default_factory=dict)
+    measured: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
