@@ -29,8 +29,8 @@ from draftscope.resources import examples_dir, repo_root
 from draftscope.schema import check
 
 # Paths inside the containers.
-RUN_MOUNT = "/run"
-CACHE_MOUNT = "/cache/huggingface"
+RUN_MOUNT = "/draftscope/run"
+CACHE_MOUNT = "/draftscope/cache/huggingface"
 # Credentials are handed to containers by name (`-e NAME`), so their values never appear in an argv or a manifest.
 CREDENTIALS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 

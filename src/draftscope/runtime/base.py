@@ -1,0 +1,120 @@
+"""What every runtime shares: the execution context, the outcome, and the supervised wait with a hard limit."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from draftscope.plan import Step
+
+# Variables a step may receive from the host environment, by name, besides the step's own. Credentials are
+# passed by name only (their values never enter an argv, a log line the kit writes, or a manifest).
+ENV_ALLOW = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TZ")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where and as whom a step runs."""
+
+    run_dir: Path
+    run_id: str
+    user: tuple[int, int] = field(default_factory=lambda: (os.getuid(), os.getgid()))
+    grace_seconds: float = 5.0  # SIGTERM → SIGKILL on expiry
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a step ended. `status` uses the run-manifest vocabulary."""
+
+    step: str
+    status: str  # completed | failed | timed_out | interrupted
+    exit_code: int | None
+    seconds: float
+    reason: str | None
+    log: Path | None
+    container: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+class Runtime(Protocol):
+    name: str
+
+    def argv(self, step: Step, ctx: Context, *, container_name: str | None = None) -> list[str]: ...
+
+    def run(
+        self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
+    ) -> Outcome: ...
+
+
+def container_name(run_id: str, step: str) -> str:
+    """Unique, engine-safe and traceable to the run: ds-<run>-<step>-<random>."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{run_id}-{step}").strip("-.")[:80]
+    return f"ds-{clean}-{secrets.token_hex(3)}"
+
+
+def log_path(ctx: Context, step: Step) -> Path:
+    logs = ctx.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs / f"{step.name}.log"
+
+
+def tail(path: Path | None, lines: int = 5, limit: int = 600) -> str:
+    if path is None or not path.exists():
+        return ""
+    text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-lines:]
+    return " | ".join(text)[-limit:]
+
+
+def supervise(
+    proc: subprocess.Popen,
+    *,
+    limit: float | None,
+    stop: Callable[[], None],
+    started: float,
+) -> tuple[str, str | None]:
+    """Wait for `proc` within `limit` seconds of `started`; on expiry or Ctrl-C call `stop` (which must end the
+    work itself, not only this client process) and wait for the client. Returns (status, reason)."""
+    try:
+        remaining = None if limit is None else max(0.0, limit - (time.monotonic() - started))
+        proc.wait(timeout=remaining)
+        return "exited", None
+    except subprocess.TimeoutExpired:
+        stop()
+        _reap(proc)
+        return (
+            "timed_out",
+            f"time limit of {limit:g} s reached (loading and warm-ups included); the step was killed",
+        )
+    except KeyboardInterrupt:
+        stop()
+        _reap(proc)
+        return "interrupted", "interrupted by the user (Ctrl-C); the step was stopped"
+
+
+def _reap(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def outcome_from_exit(
+    step: Step, code: int | None, seconds: float, log: Path | None, container: str | None
+) -> Outcome:
+    if code == 0:
+        return Outcome(step.name, "completed", 0, seconds, None, log, container)
+    detail = tail(log)
+    reason = f"step '{step.name}' exited with code {code}" + (f": {detail}" if detail else "")
+    return Outcome(step.name, "failed", code, seconds, reason, log, container)

@@ -1,0 +1,183 @@
+"""docker / podman: a Step becomes one `run` argv; the engine is a parameter, the argv is otherwise the same.
+
+Facts this code is built on (FACTS.md, checked on podman 4.3 through the docker CLI):
+- `run --rm` reports exit code 0 whatever happened (podman < 4.6): run with `--name`, no `--rm`, read the exit
+  code from the named container, then remove it.
+- Killing the client never stops the container: on expiry stop and remove the container *by name*.
+- `--init` lets SIGTERM end the worker at once (Python as PID 1 ignores it).
+- `--user uid:gid` for a user missing from /etc/passwd leaves HOME=/: point HOME and caches at writable paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from draftscope.errors import UserError
+from draftscope.images import image_reference
+from draftscope.plan import RUN_MOUNT, Step
+from draftscope.runtime.base import (
+    ENV_ALLOW,
+    Context,
+    Outcome,
+    container_name,
+    log_path,
+    outcome_from_exit,
+    supervise,
+)
+
+# Writable places for a user that has no home in the image.
+HOME_ENV = {
+    "HOME": "/tmp/home",
+    "XDG_CACHE_HOME": "/tmp/home/.cache",
+    "TORCH_HOME": "/tmp/home/.cache/torch",
+    "TRITON_CACHE_DIR": "/tmp/home/.cache/triton",
+    "VLLM_CACHE_ROOT": "/tmp/home/.cache/vllm",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class ContainerRuntime:
+    def __init__(self, engine: str) -> None:
+        if engine not in ("docker", "podman"):
+            raise ValueError(engine)
+        self.name = engine
+        self.engine = engine
+
+    # -- the argv ----------------------------------------------------------------------------------------
+
+    def argv(self, step: Step, ctx: Context, *, container_name: str | None = None) -> list[str]:
+        """The exact `run` command for `step`: what `--dry-run` prints and what `run` executes."""
+        name = container_name or "<name>"
+        argv = [self.engine, "run", "--name", name, "--init"]
+        argv += ["--label", f"draftscope.run={ctx.run_id}", "--label", f"draftscope.step={step.name}"]
+        argv += ["--user", f"{ctx.user[0]}:{ctx.user[1]}"]
+        argv += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+        if not step.network:
+            argv += ["--network", "none"]
+        if step.gpus:
+            # docker: the NVIDIA runtime hook; podman: CDI devices (nvidia-ctk cdi generate).
+            if self.engine == "docker":
+                argv += [
+                    "--gpus",
+                    "all" if step.gpus < 0 else f'"device={",".join(map(str, range(step.gpus)))}"',
+                ]
+            else:
+                argv += ["--device", "nvidia.com/gpu=all"]
+            argv += ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+        if step.ipc_host:
+            argv += ["--ipc", "host"]
+        for mount in step.mounts:
+            source = str(ctx.run_dir) if mount.target == RUN_MOUNT else mount.source
+            source = str(Path(source).absolute())
+            argv += ["--volume", f"{source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"]
+        env = {**HOME_ENV, **step.env, **ctx.extra_env}
+        for key in sorted(env):
+            argv += ["--env", f"{key}={env[key]}"]
+        for key in sorted({*step.env_passthrough, *ENV_ALLOW}):
+            if key in os.environ:
+                argv += ["--env", key]  # by name: the engine copies the value, which never enters this argv
+        argv += ["--workdir", RUN_MOUNT if any(m.target == RUN_MOUNT for m in step.mounts) else "/tmp"]
+        argv.append(image_reference(step.image))
+        argv += list(step.argv)
+        return argv
+
+    # -- execution ---------------------------------------------------------------------------------------
+
+    def run(
+        self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
+    ) -> Outcome:
+        name = container_name(ctx.run_id, step.name)
+        argv = self.argv(step, ctx, container_name=name)
+        log = log_path(ctx, step)
+        started = time.monotonic()
+        try:
+            with log.open("ab") as out:
+                try:
+                    proc = subprocess.Popen(
+                        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                    )
+                except FileNotFoundError:
+                    raise UserError(
+                        f"the container engine '{self.engine}' is not installed",
+                        field="--runtime",
+                        fix="install it, or use --runtime local for a CPU run",
+                    ) from None
+                if on_start:
+                    on_start(name)
+                state, reason = supervise(
+                    proc,
+                    limit=step.time_limit_s,
+                    stop=lambda: self.stop(name, ctx.grace_seconds),
+                    started=started,
+                )
+            seconds = time.monotonic() - started
+            code = self.exit_code(name)
+            if state != "exited":
+                return Outcome(step.name, state, code, seconds, reason, log, name)
+            if code is None:  # the container never came to exist: the client's own error is in the log
+                return outcome_from_exit(step, proc.returncode or 125, seconds, log, name)
+            return outcome_from_exit(step, code, seconds, log, name)
+        finally:
+            self.remove(name)
+
+    def _quiet(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.engine, *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    def stop(self, name: str, grace: float) -> None:
+        """SIGTERM (through --init), SIGKILL after `grace` seconds: the container itself, by name."""
+        self._quiet("stop", "--time", str(max(1, round(grace))), name, timeout=grace + 60)
+
+    def remove(self, name: str) -> None:
+        self._quiet("rm", "--force", name)
+
+    def exit_code(self, name: str) -> int | None:
+        result = self._quiet("inspect", "--format", "{{.State.ExitCode}}", name)
+        if result.returncode != 0:
+            return None
+        try:
+            return int(result.stdout.strip())
+        except ValueError:
+            return None
+
+    def exists(self, name: str) -> bool:
+        result = self._quiet("ps", "--all", "--quiet", "--filter", f"name=^{name}$")
+        return bool(result.stdout.strip())
+
+    def image_facts(self, image: str) -> dict[str, Any]:
+        """The image's reference, Id and RepoDigests (locally built images have none), for the manifest."""
+        ref = image_reference(image)
+        result = self._quiet("image", "inspect", ref)
+        if result.returncode != 0:
+            raise UserError(
+                f"image {ref} is not present for {self.engine}",
+                field="image",
+                fix=f"build it (make image-{image}) or pull it (invoke images.pull {image})",
+            )
+        (info,) = json.loads(result.stdout)
+        return {"reference": ref, "id": info.get("Id"), "repo_digests": list(info.get("RepoDigests") or [])}
+
+    def image_versions(self, image: str, ctx: Context) -> dict[str, Any]:
+        """Software versions as reported from inside the image (`python -m draftscope versions`)."""
+        probe = Step(name="versions", image=image, argv=("python", "-m", "draftscope", "versions"))
+        name = container_name(ctx.run_id, "versions")
+        try:
+            result = subprocess.run(
+                self.argv(probe, ctx, container_name=name),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            self.remove(name)
+        if result.returncode != 0:
+            return {"error": (result.stderr or result.stdout).strip()[-300:]}
+        return json.loads(result.stdout)

@@ -1,0 +1,91 @@
+"""The local runtime: the step's in-container argv, run in this Python environment.
+
+Container paths in the argv and environment (mount targets) are mapped back to their host sources, and
+`python` is this interpreter; nothing else differs from a container run. Used for CPU runs, CI and the demo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from draftscope.plan import RUN_MOUNT, Step
+from draftscope.runtime.base import ENV_ALLOW, Context, Outcome, log_path, outcome_from_exit, supervise
+
+
+def _mapper(step: Step, ctx: Context) -> Callable[[str], str]:
+    pairs = sorted(((m.target, m.source) for m in step.mounts), key=lambda p: -len(p[0]))
+
+    def rewrite(value: str) -> str:
+        for target, source in pairs:
+            if value == target or value.startswith(target + "/"):
+                host = str(ctx.run_dir) if target == RUN_MOUNT else source
+                return host + value[len(target) :]
+        return value
+
+    return rewrite
+
+
+class LocalRuntime:
+    name = "local"
+
+    def argv(self, step: Step, ctx: Context, *, container_name: str | None = None) -> list[str]:
+        rewrite = _mapper(step, ctx)
+        argv = [rewrite(a) for a in step.argv]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        return argv
+
+    def env(self, step: Step, ctx: Context) -> dict[str, str]:
+        rewrite = _mapper(step, ctx)
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "HOME", "PYTHONPATH")
+        }
+        base.update({k: os.environ[k] for k in (*ENV_ALLOW, *step.env_passthrough) if k in os.environ})
+        base.update({k: rewrite(v) for k, v in step.env.items()})
+        base.update(ctx.extra_env)
+        base["PYTHONUNBUFFERED"] = "1"
+        return base
+
+    def run(
+        self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
+    ) -> Outcome:
+        log = log_path(ctx, step)
+        started = time.monotonic()
+        with log.open("ab") as out:
+            # A new session: on expiry the whole process group is signalled, children included.
+            proc = subprocess.Popen(
+                self.argv(step, ctx),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env(step, ctx),
+                start_new_session=True,
+            )
+            if on_start:
+                on_start(None)
+
+            def stop() -> None:
+                _signal_group(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=ctx.grace_seconds)
+                except subprocess.TimeoutExpired:
+                    _signal_group(proc, signal.SIGKILL)
+
+            state, reason = supervise(proc, limit=step.time_limit_s, stop=stop, started=started)
+        seconds = time.monotonic() - started
+        if state != "exited":
+            return Outcome(step.name, state, proc.returncode, seconds, reason, log)
+        return outcome_from_exit(step, proc.returncode, seconds, log, None)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
