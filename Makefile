@@ -37,3 +37,22 @@ format: setup
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache
+
+# --- images (images/<name>/Dockerfile; `invoke images.build --help`) ---------------------------------------------
+# CUDA_ARCH=9.0 (or '8.0;9.0') picks the vllm image's extension architectures; without it the host GPUs decide, and
+# with neither the build stops with a one-line message. ENGINE=podman builds with podman.
+# Under `make -n` the build line still runs (`+`), with --dry-run: it prints the exact engine argv (pinned base,
+# build arguments, labels) and builds nothing.
+ENGINE ?= docker
+IMAGE_DRY_RUN = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
+IMAGE_ARCH = $(if $(CUDA_ARCH),--cuda-arch '$(CUDA_ARCH)')
+
+.PHONY: images image-transformers image-vllm image-train image-sglang
+
+images: image-transformers image-vllm image-train image-sglang
+
+image-transformers image-train image-sglang: setup
+	+$(BIN)/invoke images.build $(@:image-%=%) --engine $(ENGINE) $(IMAGE_DRY_RUN)
+
+image-vllm: setup
+	+$(BIN)/invoke images.build vllm $(IMAGE_ARCH) --engine $(ENGINE) $(IMAGE_DRY_RUN)

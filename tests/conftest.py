@@ -1,16 +1,12 @@
-"""Shared fixtures. Tests mirror `src/`; markers (pyproject.toml) split them by cost and by what they need."""
+"""Shared fixtures. Tests mirror `src/`; markers (pyproject.toml) split them by cost and by what they need.
+
+Helpers live in `tests/support.py` (this folder is on sys.path because this conftest lives here)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "transformers", "vllm", "sglang", "speculators", "triton")
+from support import ROOT, run_invoke
 
 
 def _cuda_available() -> bool:
@@ -30,22 +26,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def repo_root() -> Path:
+def repo_root():
     return ROOT
-
-
-def run_invoke(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 60):
-    """Run `invoke ARGS` as a user would, in a fresh interpreter."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.fixture

@@ -44,15 +44,57 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("selfcheck", help="check that the kit works in this environment; print versions as JSON")
     sub.add_parser("versions", help="print the installed versions of the relevant packages as JSON")
+    worker = sub.add_parser("worker", help="run a step's worker inside its image (started by the supervisor)")
+    worker.add_argument("kind", choices=["benchmark"])
+    worker.add_argument("--run-dir", required=True)
+    fetch = sub.add_parser("fetch", help="download pinned hub snapshots into a cache (network step)")
+    fetch.add_argument("--cache", required=True)
+    fetch.add_argument("--repo", action="append", required=True)
+    fetch.add_argument("--revision", action="append", required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "selfcheck":
             print(json.dumps(selfcheck(), indent=2))
         elif args.command == "versions":
             print(json.dumps(versions(), indent=2))
+        elif args.command == "worker":
+            from draftscope.bench import worker as bench_worker
+
+            return bench_worker.run(args.run_dir)
+        elif args.command == "fetch":
+            return fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
     except UserError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
+    except MemoryError as exc:
+        print(f"error: out of host memory: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:
+        # CUDA out-of-memory is reported as the failure reason, never answered by moving to the CPU.
+        if type(exc).__name__ == "OutOfMemoryError":
+            print(f"error: out of GPU memory: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 3
+        raise
+    return 0
+
+
+def fetch_snapshots(cache: str, pins: list[tuple[str, str]]) -> int:
+    """Download each repository at its full commit SHA (never a branch name); remote code is never run."""
+    import re
+
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(
+            "huggingface_hub is not installed", fix="run the fetch step in the kit's image"
+        ) from None
+    for repo, revision in pins:
+        if not re.fullmatch(r"[0-9a-f]{40}", revision):
+            raise UserError(
+                "a download needs a full 40-character commit SHA", field="revision", value=revision
+            )
+        path = snapshot_download(repo_id=repo, revision=revision, cache_dir=cache)
+        print(f"{repo}@{revision} -> {path}")
     return 0
 
 

@@ -6,31 +6,17 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from invoke import Collection, Exit, Program, task
 
 from draftscope import __version__
 from draftscope.errors import UserError
+from draftscope.taskutil import user_errors
 
 DEFAULT_EXPERIMENTS = ("transformers-baseline", "vllm-int4-dflash2", "vllm-int4-dflash2-prefix")
-
-
-def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A UserError becomes one line on stderr and exit code 2; anything else is a bug and keeps its traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except UserError as exc:
-            raise Exit(f"error: {exc.render()}", code=2) from None
-
-    return wrapper
 
 
 @task(
@@ -96,6 +82,141 @@ def validate(c, run_dir):
     print(f"{run_dir}: all {len(report.verdicts)} file(s) valid")
 
 
+BACKEND_EXPERIMENTS = {"transformers": "transformers-baseline", "vllm": "vllm-int4-dflash2"}
+
+
+@task(
+    iterable=["opts"],
+    help={
+        "backend": "transformers or vllm",
+        "experiment": "experiment preset to start from (default: by backend)",
+        "int4_dflash": "vLLM: the INT4 target with the DFlash2 draft",
+        "experimental_prefix": "vLLM INT4 + DFlash2: the experimental prefix-conditioned head",
+        "preset": "model preset (invoke presets)",
+        "prompts": "prompt file (JSON)",
+        "output": "run directory to create (must not exist)",
+        "max_seconds": "hard wall-clock limit, loading, compilation and warm-ups included",
+        "repeats": "repeats of every prompt",
+        "warmups": "warm-up generations before timing",
+        "memory_fraction": "GPU memory cap (torch allocator fraction / vLLM gpu_memory_utilization)",
+        "model": "custom target OWNER/NAME (needs --revision)",
+        "revision": "full 40-character commit SHA of --model",
+        "draft": "draft OWNER/NAME (needs --draft-revision), or 'tiny' for the kit-built draft",
+        "draft_revision": "full 40-character commit SHA of --draft",
+        "draft_tokens": "tokens the draft proposes per verification step",
+        "fixed_tokens": "generate exactly N tokens (EOS suppressed) for timing studies",
+        "max_new_tokens": "maximum tokens per request",
+        "device": "cuda or cpu (cpu is an explicit choice for the tiny preset, never a fallback)",
+        "runtime": "docker, podman or local",
+        "opts": "override any config field, key=value (repeatable)",
+        "dry_run": "print the container command(s) and stop; creates nothing",
+    },
+)
+@user_errors
+def benchmark(
+    c,
+    backend="transformers",
+    experiment=None,
+    int4_dflash=False,
+    experimental_prefix=False,
+    preset=None,
+    prompts=None,
+    output=None,
+    max_seconds=None,
+    repeats=None,
+    warmups=None,
+    memory_fraction=None,
+    model=None,
+    revision=None,
+    draft=None,
+    draft_revision=None,
+    draft_tokens=None,
+    fixed_tokens=None,
+    max_new_tokens=None,
+    device=None,
+    runtime=None,
+    opts=None,
+    dry_run=False,
+):
+    """Run a bounded, auditable greedy benchmark in its image (or locally) into a new run directory."""
+    from pathlib import Path
+
+    from draftscope.bench import supervisor
+    from draftscope.plan import plan_benchmark
+    from draftscope.presets import load_experiment
+    from draftscope.runtime import get_runtime
+
+    name = experiment or BACKEND_EXPERIMENTS.get(backend)
+    if name is None:
+        raise UserError(f"unknown backend '{backend}'", field="--backend", fix="choose transformers or vllm")
+    overrides = {
+        "backend": backend,
+        "model_preset": preset,
+        "prompts": prompts,
+        "repeats": _int(repeats, "--repeats"),
+        "warmups": _int(warmups, "--warmups"),
+        "max_seconds": _num(max_seconds, "--max-seconds"),
+        "memory_fraction": _num(memory_fraction, "--memory-fraction"),
+        "model": model,
+        "revision": revision,
+        "draft": draft,
+        "draft_revision": draft_revision,
+        "draft_tokens": _int(draft_tokens, "--draft-tokens"),
+        "fixed_tokens": _int(fixed_tokens, "--fixed-tokens"),
+        "max_new_tokens": _int(max_new_tokens, "--max-new-tokens"),
+        "device": device,
+        "runtime": runtime,
+        "int4_dflash": True if int4_dflash else None,
+        "experimental_prefix": True if experimental_prefix else None,
+    }
+    config = load_experiment(name, overrides, opts or ())
+    if dry_run:
+        target = Path(output or f"runs/{config.name}-<timestamp>")
+        plan = plan_benchmark(config, str(target))
+        print("\n".join(supervisor.dry_run_lines(plan, get_runtime(config.runtime), target)))
+        return
+    if output is None:
+        raise UserError("no run directory given", field="--output", fix="add --output runs/NAME (a new path)")
+    manifest = supervisor.run_benchmark(config, Path(output), argv=sys.argv)
+    status, reason = manifest["status"], manifest.get("reason")
+    print(f"{output}: {status}" + (f" ({reason})" if reason else ""))
+    if status != "completed":
+        raise Exit(code=1)
+
+
+def _int(value, flag):
+    return None if value is None else _parse(int, value, flag, "an integer")
+
+
+def _num(value, flag):
+    return None if value is None else _parse(float, value, flag, "a number")
+
+
+def _parse(kind, value, flag, what):
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UserError(f"expected {what}", field=flag, value=value) from None
+
+
+@task(help={"tokens": "tokens per request", "rounds": "interleaved rounds over the prompts"})
+@user_errors
+def bench_overhead(c, tokens=64, rounds=5):
+    """Timing instrumentation vs a bare greedy loop (and model.generate) on the tiny model, as ratios."""
+    from draftscope import tiny
+    from draftscope.bench.overhead import measure, report_lines
+    from draftscope.jsonio import read_json
+    from draftscope.plan import load_prompts
+
+    tokenizer, model = tiny.load_tokenizer(), tiny.load_target(device="cpu")
+    prompts = read_json(load_prompts("examples/prompts.json").path)["prompts"][:4]
+    encoded = []
+    for p in prompts:
+        out = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
+        encoded.append(list(getattr(out, "input_ids", out)))
+    print("\n".join(report_lines(measure(model, encoded, tokens=int(tokens), rounds=int(rounds)))))
+
+
 @task(help={"json": "print the report as JSON"})
 @user_errors
 def doctor(c, json=False):
@@ -126,7 +247,18 @@ def _print_json(obj: Any) -> None:
     print()
 
 
-ns = Collection(plan, presets, validate, doctor, version)
+def _namespace() -> Collection:
+    from draftscope.cli_tiny import ns_tiny
+
+    root = Collection(plan, presets, benchmark, bench_overhead, validate, doctor, version)
+    root.add_collection(ns_tiny, name="tiny")
+    from draftscope.cli_images import ns_images
+
+    root.add_collection(ns_images, name="images")
+    return root
+
+
+ns = _namespace()
 
 
 def main() -> None:

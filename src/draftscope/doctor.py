@@ -326,7 +326,21 @@ def _verdict(report: dict[str, Any]) -> list[str]:
         missing = [name for name, entry in images.items() if not entry["present"]]
         if missing:
             lines.append(f"{engine}: images not built: {', '.join(missing)}; run `make images`")
+    lines += [
+        f"not pinned: {line} (run `invoke images.lock` where registries are reachable)"
+        for line in report.get("unpinned", [])
+    ]
     return lines
+
+
+def _unpinned() -> list[str]:
+    """What images/images.lock.json leaves unpinned: a base without a digest is flagged, never hidden."""
+    from draftscope.images import load_lock, unpinned
+
+    try:
+        return unpinned(load_lock())
+    except UserError as exc:
+        return [f"images.lock.json unreadable: {exc.render()}"]
 
 
 def collect(probes: Probes | None = None) -> dict[str, Any]:
@@ -345,6 +359,7 @@ def collect(probes: Probes | None = None) -> dict[str, Any]:
         "images": {e["name"]: _images(probes, e["name"]) for e in engines if e["answers"]},
         "memory": _memory(probes),
         "disk": _disk(probes),
+        "unpinned": _unpinned(),
     }
     report["verdict"] = _verdict(report)
     return report

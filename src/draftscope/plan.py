@@ -184,6 +184,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
             mounts=(Mount(str(Path(run_dir)), RUN_MOUNT, read_only=False), Mount(str(cache), CACHE_MOUNT)),
             env=MappingProxyType(env),
             gpus=gpus,
+            ipc_host=config.backend == "vllm",  # vLLM's multi-process executor shares memory through /dev/shm
             network=False,  # weights are local by now: the worker needs no network
             time_limit_s=config.max_seconds,
             outputs=("manifest.json", "records.jsonl", "summary.json"),

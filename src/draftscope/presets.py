@@ -175,6 +175,7 @@ class ExperimentConfig:
     revision: str | None = None
     draft: str | None = None
     draft_revision: str | None = None
+    draft_tokens: int = 4
     int4_dflash: bool = False
     experimental_prefix: bool = False
     prompts: str = "examples/prompts.json"
@@ -220,7 +221,14 @@ class ExperimentConfig:
                 value=self.revision,
                 fix="add --model OWNER/NAME, or drop --revision to use the preset's pin",
             )
-        if self.draft is not None and self.draft_revision is None:
+        if self.draft == "tiny" and self.model_preset != "tiny":
+            raise UserError(
+                "the kit-built tiny draft pairs only with the tiny target",
+                field="draft",
+                value="tiny",
+                fix="add --preset tiny, or give --draft OWNER/NAME --draft-revision SHA",
+            )
+        if self.draft not in (None, "tiny") and self.draft_revision is None:
             raise UserError(
                 "a custom draft needs a full commit revision",
                 field="draft_revision",
@@ -328,6 +336,9 @@ def resolve_target(config: ExperimentConfig, preset: ModelPreset) -> HubRef | No
 
 
 def resolve_draft(config: ExperimentConfig, preset: ModelPreset) -> HubRef | None:
+    """The draft checkpoint to download, if any (the kit-built tiny draft is never downloaded)."""
+    if config.draft == "tiny":
+        return None
     if config.draft is not None:
         return HubRef(config.draft, config.draft_revision)
     if config.int4_dflash:

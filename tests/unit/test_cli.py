@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import HEAVY, ROOT, run_invoke
+from support import HEAVY, ROOT, run_invoke
 
 HOST_MODULES = [
     "draftscope",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-import secrets
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +16,14 @@ from draftscope.plan import Step
 
 # Variables a step may receive from the host environment, by name, besides the step's own. Credentials are
 # passed by name only (their values never enter an argv, a log line the kit writes, or a manifest).
-ENV_ALLOW = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TZ")
+ENV_ALLOW = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "TZ",
+    "DRAFTSCOPE_FAILPOINT",  # fault injection (tests); recorded in the manifest when set
+)
 
 
 @dataclass(frozen=True)
@@ -50,17 +57,19 @@ class Outcome:
 class Runtime(Protocol):
     name: str
 
-    def argv(self, step: Step, ctx: Context, *, container_name: str | None = None) -> list[str]: ...
+    def argv(self, step: Step, ctx: Context) -> list[str]: ...
 
     def run(
         self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
     ) -> Outcome: ...
 
 
-def container_name(run_id: str, step: str) -> str:
-    """Unique, engine-safe and traceable to the run: ds-<run>-<step>-<random>."""
-    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{run_id}-{step}").strip("-.")[:80]
-    return f"ds-{clean}-{secrets.token_hex(3)}"
+def container_name(ctx: Context, step: str) -> str:
+    """ds-<run>-<step>-<hash of the run directory>: traceable to the run, unique per run directory, and
+    deterministic, so a dry run prints exactly the name the real run uses."""
+    clean = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{ctx.run_id}-{step}").strip("-.")[:80]
+    digest = hashlib.sha256(str(ctx.run_dir.absolute()).encode()).hexdigest()[:8]
+    return f"ds-{clean}-{digest}"
 
 
 def log_path(ctx: Context, step: Step) -> Path:

@@ -51,9 +51,9 @@ class ContainerRuntime:
 
     # -- the argv ----------------------------------------------------------------------------------------
 
-    def argv(self, step: Step, ctx: Context, *, container_name: str | None = None) -> list[str]:
+    def argv(self, step: Step, ctx: Context) -> list[str]:
         """The exact `run` command for `step`: what `--dry-run` prints and what `run` executes."""
-        name = container_name or "<name>"
+        name = container_name(ctx, step.name)
         argv = [self.engine, "run", "--name", name, "--init"]
         argv += ["--label", f"draftscope.run={ctx.run_id}", "--label", f"draftscope.step={step.name}"]
         argv += ["--user", f"{ctx.user[0]}:{ctx.user[1]}"]
@@ -92,8 +92,8 @@ class ContainerRuntime:
     def run(
         self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
     ) -> Outcome:
-        name = container_name(ctx.run_id, step.name)
-        argv = self.argv(step, ctx, container_name=name)
+        name = container_name(ctx, step.name)
+        argv = self.argv(step, ctx)
         log = log_path(ctx, step)
         started = time.monotonic()
         try:

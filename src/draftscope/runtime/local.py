@@ -34,7 +34,7 @@ def _mapper(step: Step, ctx: Context) -> Callable[[str], str]:
 class LocalRuntime:
     name = "local"
 
-    def argv(self, step: Step, ctx: Context, *, container_name: str | None = None) -> list[str]:
+    def argv(self, step: Step, ctx: Context) -> list[str]:
         rewrite = _mapper(step, ctx)
         argv = [rewrite(a) for a in step.argv]
         if argv and argv[0] in ("python", "python3"):

@@ -1,0 +1,1 @@
+"""Benchmarks: the decode loops (`decode`), backends, supervisor, worker and records."""

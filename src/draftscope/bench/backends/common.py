@@ -1,0 +1,45 @@
+"""Pieces every backend shares: dtype policy, lazy imports with an actionable error, prompt hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+from draftscope.errors import MissingDependency
+
+
+def need(module: str, *, extra: str | None = None, image: str | None = None) -> ModuleType:
+    """Import a heavy module, or fail saying which extra or image provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependency(module, extra=extra, image=image) from None
+
+
+def prompt_sha256(messages: Sequence[Mapping[str, Any]]) -> str:
+    canonical = json.dumps(list(messages), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def choose_dtype(requested: str, device: str, capability: tuple[int, int] | None) -> str:
+    """bf16 on NVIDIA capability >= 8.0, fp16 below; float32 on the CPU unless asked otherwise."""
+    if requested != "auto":
+        return requested
+    if device == "cpu":
+        return "float32"
+    from draftscope.doctor import dtype_for_capability
+
+    if capability is None:
+        return "float16"
+    return dtype_for_capability(*capability)
+
+
+def decode_tok_s(times: Sequence[float]) -> float | None:
+    """(generated − 1) / (t_last − t_first), or None when it cannot be measured."""
+    if len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return (len(times) - 1) / (times[-1] - times[0])

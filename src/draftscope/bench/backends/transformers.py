@@ -1,0 +1,136 @@
+"""The Transformers backend: plain greedy decoding, or greedy speculative decoding with a draft model through the
+kit's own verification loop (`draftscope.bench.decode`). Per-token timestamps come from that loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from draftscope.bench.backends.common import choose_dtype, need
+from draftscope.errors import UserError
+from draftscope.presets import ExperimentConfig, ModelPreset, resolve_target
+
+IMAGE = "transformers"
+TIMING_SOURCE = "kit decode loop (perf_counter after each token's argmax is on the host)"
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self) -> None:
+        self.model = self.draft = self.tokenizer = None
+        self.facts: dict[str, Any] = {}
+
+    def load(self, config: ExperimentConfig, preset: ModelPreset) -> None:
+        torch = need("torch", extra="local", image=IMAGE)
+        need("transformers", extra="local", image=IMAGE)
+        device = config.device
+        capability = None
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise UserError(
+                    "no CUDA device is visible",
+                    field="--device",
+                    value="cuda",
+                    fix="run on an NVIDIA GPU host (invoke doctor), or --device cpu for the tiny preset",
+                )
+            capability = tuple(torch.cuda.get_device_capability(0))
+            torch.cuda.set_per_process_memory_fraction(config.memory_fraction, 0)
+        dtype_name = choose_dtype(config.dtype, device, capability)
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(config.seed)
+        if preset.source == "kit" and config.model is None:
+            from draftscope import tiny
+
+            self.tokenizer = tiny.load_tokenizer()
+            self.model = tiny.load_target(device=device, dtype=dtype)
+            target_desc = "tiny (kit-built)"
+        else:
+            ref = resolve_target(config, preset)
+            ref.require_pinned("target")
+            self.tokenizer, self.model = _from_hub(ref.repo, ref.revision, device, dtype)
+            target_desc = ref.display()
+        if config.draft is not None:
+            if config.draft == "tiny":
+                from draftscope import tiny
+
+                self.draft = tiny.load_draft(device=device, dtype=dtype)
+            else:
+                _, self.draft = _from_hub(config.draft, config.draft_revision, device, dtype)
+        self.eos = _eos_ids(self.tokenizer, self.model)
+        self.facts = {
+            "backend": self.name,
+            "device": device,
+            "dtype": dtype_name,
+            "target": target_desc,
+            "draft": config.draft,
+            "draft_tokens": config.draft_tokens if self.draft is not None else None,
+            "timing_source": TIMING_SOURCE,
+            "capability": list(capability) if capability else None,
+        }
+        self.config = config
+
+    def encode(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        # Chat-template output is read by attribute: BatchEncoding is not a dict subclass in transformers 5.
+        encoded = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True
+        )
+        ids = getattr(encoded, "input_ids", encoded)
+        return [int(i) for i in ids]
+
+    def generate(self, input_ids: list[int], *, max_new_tokens: int, ignore_eos: bool):
+        from draftscope.bench import decode
+
+        kwargs = {
+            "max_new_tokens": max_new_tokens,
+            "eos_token_ids": self.eos,
+            "ignore_eos": ignore_eos,
+            "clock": time.perf_counter,
+        }
+        if self.draft is None:
+            return decode.greedy_generate(self.model, input_ids, **kwargs)
+        return decode.speculative_generate(
+            self.model, self.draft, input_ids, k=self.config.draft_tokens, **kwargs
+        )
+
+    def synchronize(self) -> None:
+        torch = need("torch")
+        if self.config.device == "cuda":
+            torch.cuda.synchronize()
+
+
+def _from_hub(repo: str, revision: str | None, device: str, dtype):
+    transformers = need("transformers", extra="local", image=IMAGE)
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(
+            repo, revision=revision, local_files_only=True, trust_remote_code=False
+        )
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            repo,
+            revision=revision,
+            local_files_only=True,
+            trust_remote_code=False,
+            dtype=dtype,
+            attn_implementation="sdpa",
+        )
+    except OSError as exc:
+        raise UserError(
+            f"{repo}@{revision} is not in the local model cache ({exc.__class__.__name__})",
+            field="model",
+            fix="run the plan's fetch step first (invoke benchmark runs it), or check HF_HUB_CACHE",
+        ) from None
+    return tok, model.to(device).eval()
+
+
+def _eos_ids(tokenizer, model) -> set[int]:
+    ids = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

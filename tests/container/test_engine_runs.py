@@ -1,0 +1,129 @@
+"""The runtime on a real engine: ownership, kill-on-timeout, exit codes, recorded image IDs and versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from containerlib import ROOT, docker
+
+pytestmark = pytest.mark.container
+
+TINY = [
+    "benchmark",
+    "--backend",
+    "transformers",
+    "--preset",
+    "tiny",
+    "--device",
+    "cpu",
+    "--runtime",
+    "docker",
+    "--prompts",
+    "examples/prompts.json",
+    "--repeats",
+    "1",
+    "--max-new-tokens",
+    "24",
+]
+
+
+def invoke(*args: str, user: int | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "invoke", *args]
+    if user is not None:
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    return subprocess.run(
+        argv,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "HOME": "/tmp"},
+    )
+
+
+def manifest(run):
+    return json.loads((run / "manifest.json").read_text())
+
+
+def leftovers(run) -> str:
+    return docker("ps", "--all", "--quiet", "--filter", f"label=draftscope.run={run.name}").stdout.strip()
+
+
+@pytest.fixture
+def shared_socket(engine):
+    """Let an unprivileged invoking user reach the test engine's socket (test engine only)."""
+    sock = os.environ["DOCKER_HOST"].removeprefix("unix://")
+    mode = os.stat(sock).st_mode
+    os.chmod(sock, 0o666)
+    yield
+    os.chmod(sock, mode & 0o777)
+
+
+def test_tiny_benchmark_in_the_image_as_the_invoking_user(kit_image, shared_socket, tmp_path):
+    uid = 4321
+    os.chown(tmp_path, uid, uid)
+    run = tmp_path / "R1"
+    result = invoke(*TINY, "--output", str(run), user=uid)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    m = manifest(run)
+    assert m["status"] == "completed"
+    # Every file the worker wrote through the bind mount belongs to the invoking user.
+    for path in [run, *run.rglob("*")]:
+        assert path.stat().st_uid == uid, path
+    # The image reference, its ID and the versions reported from inside the container are recorded.
+    image_id = json.loads(docker("image", "inspect", kit_image).stdout)[0]["Id"]
+    assert {i["step"]: i["id"] for i in m["images"]} == {"benchmark": image_id}
+    assert m["software"]["worker"]["torch"].startswith("2.13.0")
+    assert m["software"]["worker"]["draftscope"] == m["kit"]["version"]
+    assert invoke("validate", str(run)).returncode == 0
+    assert leftovers(run) == ""
+
+
+def test_dry_run_prints_exactly_the_executed_argv(kit_image, tmp_path):
+    run = tmp_path / "R2"
+    dry = invoke(*TINY, "--output", str(run), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert not run.exists()
+    printed = [line for line in dry.stdout.splitlines() if line and not line.startswith("#")]
+    real = invoke(*TINY, "--output", str(run))
+    assert real.returncode == 0, real.stdout[-3000:] + real.stderr[-3000:]
+    executed = [shlex.join(step["argv"]) for step in manifest(run)["steps"]]
+    assert printed == executed
+
+
+def test_time_limit_kills_the_container_and_keeps_partial_records(kit_image, tmp_path):
+    run = tmp_path / "R3"
+    start = time.monotonic()
+    result = invoke(
+        *TINY, "--output", str(run), "--fixed-tokens", "100000", "--max-seconds", "8", "--opts", "warmups=0"
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1, result.stderr
+    m = manifest(run)
+    assert m["status"] == "timed_out" and "time limit of 8 s" in m["reason"]
+    assert elapsed < 8 + 30, elapsed
+    assert leftovers(run) == "", "the container must be gone after a timeout"
+    for line in (run / "records.jsonl").read_text().splitlines():
+        json.loads(line)
+    assert invoke("validate", str(run)).returncode == 0
+
+
+def test_a_failing_worker_reports_its_exit_code_and_reason(kit_image, tmp_path):
+    # A CUDA run on a machine without a GPU: the worker refuses (exit 2) with a one-line reason.
+    run = tmp_path / "R4"
+    result = invoke(*TINY[:-4], "--output", str(run), "--opts", "device=cuda")
+    assert result.returncode == 1
+    m = manifest(run)
+    assert m["status"] == "failed"
+    (step,) = [s for s in m["steps"] if s["name"] == "benchmark"]
+    assert step["exit_code"] not in (0, None)
+    assert f"exited with code {step['exit_code']}" in m["reason"]
+    assert leftovers(run) == ""

