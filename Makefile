@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan test lint format clean
+.PHONY: setup plan test test-container test-contract test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -27,9 +27,21 @@ plan: setup
 test: setup lint
 	$(BIN)/python -m pytest -m "not container and not contract" $(PYTEST_ARGS)
 
+# A real container engine (podman + runc behind its Docker API, driven by the docker CLI; see images/local/):
+# builds images/transformers/Dockerfile on a local base and runs benchmarks in it. Needs an answering engine.
+test-container: setup
+	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
+
+# Upstream flags, config keys and lock files against the pinned releases (downloads wheels; needs the index).
+test-contract: setup
+	$(BIN)/python -m pytest -m contract $(PYTEST_ARGS)
+
+test-all: test test-container test-contract
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint images/*/Dockerfile
 
 format: setup
 	$(BIN)/ruff format .

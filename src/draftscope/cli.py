@@ -253,8 +253,11 @@ def _namespace() -> Collection:
     root = Collection(plan, presets, benchmark, bench_overhead, validate, doctor, version)
     root.add_collection(ns_tiny, name="tiny")
     from draftscope.cli_images import ns_images
+    from draftscope.cli_pipeline import PIPELINE_TASKS
 
     root.add_collection(ns_images, name="images")
+    for t in PIPELINE_TASKS:
+        root.add_task(t)
     return root
 
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from support import run_invoke
+from support import ROOT, run_invoke
 
 pytestmark = pytest.mark.integration
 
@@ -153,3 +153,37 @@ def test_vllm_dry_run_prints_the_container_command_without_torch(tmp_path):
         "--network none",
     ):
         assert needle in out, needle
+
+
+def test_ctrl_c_marks_the_run_interrupted(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "R5"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", *TINY, "--output", str(out), "--fixed-tokens", "100000"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        manifest = out / "manifest.json"
+        if manifest.exists() and json.loads(manifest.read_text())["status"] == "running":
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=60)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "interrupted" and "Ctrl-C" in m["reason"]
+    assert run_invoke("validate", str(out)).returncode == 0
+
+
+def test_overhead_benchmark_prints_ratios():
+    result = run_invoke("bench-overhead", "--tokens", "16", "--rounds", "1", timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "kit / bare      = " in result.stdout and "goal < 1%" in result.stdout

@@ -308,7 +308,9 @@ def test_collect_gpu_host_with_docker_and_images():
     assert set(report["images"]["docker"]) == set(IMAGES)
     assert report["images"]["docker"]["vllm"]["present"] is True
     assert report["images"]["docker"]["vllm"]["reference"] == image_reference("vllm")
-    assert report["verdict"] == ["1 NVIDIA GPU(s) via nvml; models run in bfloat16"]
+    # What images.lock.json leaves unpinned is flagged on every host (the lock is the repository's own).
+    assert report["verdict"][0] == "1 NVIDIA GPU(s) via nvml; models run in bfloat16"
+    assert [v for v in report["verdict"][1:] if not v.startswith("not pinned: ")] == []
     assert json.loads(json.dumps(report)) == report
     assert any("NVIDIA H200, compute 9.0, bfloat16" in line for line in doctor.render(report))
 
@@ -391,3 +393,11 @@ def test_gpu_dataclass_is_frozen():
         gpu.name = "x"
     assert gpu.as_dict()["compute_capability"] == [7, 5]
     assert gpu.as_dict()["dtype"] == "float16"
+
+
+def test_unpinned_bases_are_flagged_not_hidden():
+    from draftscope.images import load_lock, unpinned
+
+    report = doctor.collect(probes())
+    expected = [f"not pinned: {line}" for line in unpinned(load_lock())]
+    assert [v.split(" (run ")[0] for v in report["verdict"] if v.startswith("not pinned: ")] == expected

@@ -163,21 +163,3 @@ class ContainerRuntime:
             )
         (info,) = json.loads(result.stdout)
         return {"reference": ref, "id": info.get("Id"), "repo_digests": list(info.get("RepoDigests") or [])}
-
-    def image_versions(self, image: str, ctx: Context) -> dict[str, Any]:
-        """Software versions as reported from inside the image (`python -m draftscope versions`)."""
-        probe = Step(name="versions", image=image, argv=("python", "-m", "draftscope", "versions"))
-        name = container_name(ctx.run_id, "versions")
-        try:
-            result = subprocess.run(
-                self.argv(probe, ctx, container_name=name),
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-        finally:
-            self.remove(name)
-        if result.returncode != 0:
-            return {"error": (result.stderr or result.stdout).strip()[-300:]}
-        return json.loads(result.stdout)

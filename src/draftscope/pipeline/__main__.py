@@ -1,0 +1,158 @@
+"""In-container entry point of the pipeline stages: `python -m draftscope.pipeline COMMAND --result FILE …`.
+
+Each command does one stage's work in its image (or in this environment with `--runtime local`) and writes a small
+result file (versions read from package metadata, counts, duration, exit code) that the host folds into the stage's
+completion record. Heavy libraries are imported lazily inside the command that needs them.
+
+- `exec STAGE -- ARGV…`: run an upstream command (speculators prepare-data, torchrun …) unchanged, forwarding
+  SIGTERM/SIGINT to it, and record how it ended.
+- `pretokenize`, `convert`, `hsextract-transformers`: the kit's own stage code.
+- `regen`, `hsextract`, `serve`, `bench`: start the servers listed in the stage's commands file, then the clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from draftscope.errors import UserError
+
+RESULT_SCHEMA_VERSION = 1
+
+
+def write_result(path: str | None, stage: str, started: float, exit_code: int, counts: dict[str, Any],
+                 notes: list[str] | None = None) -> None:  # fmt: skip
+    if not path:
+        return
+    from draftscope.__main__ import versions
+    from draftscope.jsonio import atomic_write_json
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(
+        target,
+        {
+            "schema_version": RESULT_SCHEMA_VERSION,
+            "stage": stage,
+            "exit_code": exit_code,
+            "seconds": round(time.monotonic() - started, 3),
+            "versions": versions(),
+            "counts": counts,
+            "notes": notes or [],
+        },
+    )
+
+
+def run_forwarding(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Run `argv` (never through a shell) with this process's stdio; SIGTERM/SIGINT reach it too."""
+    if argv and argv[0] in ("python", "python3"):
+        argv = [sys.executable, *argv[1:]]
+    try:
+        proc = subprocess.Popen(argv, env=env)
+    except FileNotFoundError:
+        raise UserError(f"'{argv[0]}' is not installed here", fix="run this stage in its image") from None
+
+    def forward(signum: int, _frame: Any) -> None:
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UserError("nothing to run after --", field="exec")
+    code = run_forwarding(argv)
+    write_result(args.result, args.stage, started, code, {})
+    return code
+
+
+def _kit(
+    stage: str, main: Callable[[argparse.Namespace], dict[str, Any]]
+) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        started = time.monotonic()
+        counts = main(args)
+        write_result(args.result, stage, started, 0, counts)
+        return 0
+
+    return run
+
+
+def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        raise UserError(
+            f"the in-container '{name}' runner is not built yet; its plan and commands are final",
+            fix="see `invoke pipeline --stage " + name + " --dry-run` for the exact commands",
+        )
+
+    return run
+
+
+def parser() -> argparse.ArgumentParser:
+    from draftscope.pipeline import convert, pretokenize
+
+    root = argparse.ArgumentParser(prog="python -m draftscope.pipeline", description=__doc__)
+    sub = root.add_subparsers(dest="command", required=True)
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--result", default=None, help="where to write the result file")
+        p.set_defaults(run=run)
+        return p
+
+    p = command("exec", cmd_exec, "run an upstream command and record how it ended")
+    p.add_argument("stage")
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    pretokenize.add_arguments(
+        command("pretokenize", _kit("pretokenize", pretokenize.main), "chat rows → ids + mask")
+    )
+    convert.add_arguments(
+        command("convert", _kit("convert", convert.main), "speculators checkpoint → SGLang draft")
+    )
+    p = command(
+        "hsextract-transformers", _hsextract_transformers, "hidden states with Transformers (tiny, CPU)"
+    )
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--summary", required=True)
+    p.add_argument("--layer-ids", type=int, nargs="+", required=True)
+    p.add_argument("--dtype", default="float32")
+    for name in ("regen", "hsextract", "serve", "bench", "tinyserve"):
+        p = command(name, _not_built(name), f"{name} (servers + clients)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+    return root
+
+
+def _hsextract_transformers(args: argparse.Namespace) -> int:
+    from draftscope.pipeline import hsextract_transformers
+
+    return _kit("hsextract", hsextract_transformers.main)(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except UserError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

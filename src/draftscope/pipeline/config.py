@@ -1,0 +1,267 @@
+"""The pipeline's run config: draft type, model preset and each stage's options, frozen and validated.
+
+Layers, lowest first: the kit's defaults (here), a `--config run.yaml` file, the `--draft`/`--preset` options,
+then `--opts key=value`. The merged mapping is checked against `schemas/pipeline-config.schema.json` (unknown keys
+are errors) before it becomes frozen dataclasses; cross-field rules the schema cannot state are checked in
+`check`, each naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from draftscope.config import build, deep_merge, load_yaml, parse_opts, to_dict, validated
+from draftscope.errors import UserError
+from draftscope.presets import ModelPreset, load_model_preset
+from draftscope.resources import presets_dir
+
+DRAFTS = ("dflash", "dflash2", "dspark")
+DEFAULT_DRAFT = "dflash"
+DEFAULT_PRESET = "qwen38-27b"
+SCHEMA = "pipeline-config"
+PIPELINE_PRESETS = "pipelines"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One server: its GPU mask (CUDA_VISIBLE_DEVICES), tensor-parallel size and port."""
+
+    gpus: tuple[int, ...] = ()
+    tp: int | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    chat: str | None = None
+    max_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class RegenOptions:
+    instances: tuple[Instance, ...] = ()
+    base_port: int = 8100
+    max_tokens: int = 2048
+    temperature: float = 0.0  # greedy: regenerated data is reproducible from the pinned target
+    concurrency: int = 16
+    max_retries: int = 5
+    request_timeout_s: float = 600.0
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class PretokenizeOptions:
+    max_length: int | None = None  # default: the preset's training.seq_length
+    overlong: Literal["truncate", "drop"] = "truncate"
+    min_loss_tokens: int = 1
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    seq_length: int | None = None
+    max_samples: int | None = None
+    workers: int | None = None
+    minimum_valid_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class HsextractOptions:
+    instances: tuple[Instance, ...] = ()
+    base_port: int = 8200
+    concurrency: int = 32
+    max_retries: int = 3
+    request_timeout_s: float | None = None
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class DFlash2Options:
+    # speculators 0.9.0's defaults (train/config/schema.py, DFlash2Args), written out so the argv is complete.
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+    selector_loss_alpha: float = 1.0
+
+
+@dataclass(frozen=True)
+class DSparkOptions:
+    markov_rank: int = 256
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    confidence_head_alpha: float = 1.0
+    sample_from_anchor: bool = (
+        True  # speculators' DSpark default; SGLang's DSPARK worker reads it from the config
+    )
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    gpus: tuple[int, ...] = ()  # default: the first training.nproc_per_node GPUs
+    epochs: int | None = None
+    max_steps: int | None = None
+    lr: float | None = None
+    optimizer: Literal["adamw", "muon"] | None = None
+    num_workers: int | None = None
+    checkpoint_freq: float | None = None
+    loss_implementation: Literal["fused", "eager"] | None = None
+    draft_attn_impl: Literal["simple_flex_attention", "sdpa", "eager"] | None = None
+    hidden_states_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    sliding_window: int = 2048
+    dflash2: DFlash2Options = field(default_factory=DFlash2Options)
+    dspark: DSparkOptions = field(default_factory=DSparkOptions)
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    checkpoint: str | int = "latest"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    instances: tuple[Instance, ...] = ()
+    base_port: int = 30000
+    mem_fraction_static: float = 0.8
+    context_length: int | None = None
+    max_running_requests: int = 8
+    startup_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    prompts: str = "examples/prompts.json"
+    max_new_tokens: int = 256
+    repeats: int = 1
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    schema_version: int
+    name: str
+    draft: Literal["dflash", "dflash2", "dspark"]
+    model_preset: str
+    description: str = ""
+    model_path: str | None = None
+    device: Literal["cuda", "cpu"] = "cuda"
+    gpus: int = 8
+    seed: int = 0
+    time_limits: Mapping[str, float] = field(default_factory=dict)
+    data: DataOptions = field(default_factory=DataOptions)
+    regen: RegenOptions = field(default_factory=RegenOptions)
+    pretokenize: PretokenizeOptions = field(default_factory=PretokenizeOptions)
+    prepare: PrepareOptions = field(default_factory=PrepareOptions)
+    hsextract: HsextractOptions = field(default_factory=HsextractOptions)
+    train: TrainOptions = field(default_factory=TrainOptions)
+    convert: ConvertOptions = field(default_factory=ConvertOptions)
+    serve: ServeOptions = field(default_factory=ServeOptions)
+    bench: BenchOptions = field(default_factory=BenchOptions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A validated config with its model preset, loaded once."""
+
+    config: PipelineConfig
+    preset: ModelPreset
+    source: str
+
+
+def pipeline_preset_names() -> list[str]:
+    folder = presets_dir() / PIPELINE_PRESETS
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _config_file(name: str) -> Path:
+    """A run config by path, or by the name of a file in presets/pipelines/."""
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    preset = presets_dir() / PIPELINE_PRESETS / f"{name}.yaml"
+    if preset.is_file():
+        return preset
+    known = ", ".join(pipeline_preset_names()) or "none"
+    raise UserError(
+        "run config not found",
+        field="--config",
+        value=name,
+        fix=f"give a YAML file path or one of the pipeline presets ({known})",
+    )
+
+
+def load_pipeline_config(
+    *,
+    draft: str | None = None,
+    preset: str | None = None,
+    config_file: str | None = None,
+    opts: Iterable[str] = (),
+) -> Resolved:
+    """Defaults < config file < --draft/--preset < --opts; validated as a whole, then frozen."""
+    if draft is not None and draft not in DRAFTS:
+        raise UserError(
+            f"unknown draft type '{draft}'", field="--draft", fix=f"choose one of: {', '.join(DRAFTS)}"
+        )
+    data: dict[str, Any] = {"schema_version": 1}
+    source = "defaults"
+    if config_file:
+        path = _config_file(config_file)
+        loaded = load_yaml(path)
+        if not isinstance(loaded, dict):
+            raise UserError("expected a mapping at the top level", source=str(path))
+        data = deep_merge(data, loaded)
+        source = str(path)
+    flags = {k: v for k, v in {"draft": draft, "model_preset": preset}.items() if v is not None}
+    data = deep_merge(data, flags)
+    overrides = parse_opts(opts)
+    data = deep_merge(data, overrides)
+    data.setdefault("draft", DEFAULT_DRAFT)
+    data.setdefault("model_preset", DEFAULT_PRESET)
+    data.setdefault("name", f"{data['model_preset']}-{data['draft']}")
+    if "device" not in data and isinstance(data["model_preset"], str):
+        # The kit-built tiny models are the CPU path (DESIGN.md); every hub preset needs an NVIDIA GPU.
+        data["device"] = "cpu" if load_model_preset(data["model_preset"]).source == "kit" else "cuda"
+    if flags or overrides:
+        source = f"{source} (with overrides)"
+    validated(data, SCHEMA, source)
+    config: PipelineConfig = build(PipelineConfig, data)
+    model = load_model_preset(config.model_preset)
+    check(config, model, source)
+    return Resolved(config, model, source)
+
+
+def check(config: PipelineConfig, preset: ModelPreset, source: str) -> None:
+    """Rules across fields and the preset; each error names the field and the fix."""
+    if config.device == "cpu" and preset.source != "kit" and config.model_path is None:
+        # The CPU path is for the kit-built tiny models, or a small local model given explicitly (tests, smoke runs).
+        raise UserError(
+            f"model preset '{preset.name}' cannot run on a CPU",
+            source=source,
+            field="device",
+            value="cpu",
+            fix="use device: cuda, or --preset tiny (or a small local model_path) for the CPU path",
+        )
+    if preset.source == "kit" and config.model_path is not None:
+        raise UserError(
+            "the tiny preset uses the kit-built models; model_path does not apply",
+            source=source,
+            field="model_path",
+            value=config.model_path,
+        )
+    if (
+        config.draft == "dspark"
+        and config.train.dspark.confidence_head_with_markov
+        and (config.train.dspark.markov_rank <= 0)
+    ):
+        raise UserError(
+            "the confidence head takes the Markov embedding, which needs markov_rank >= 1",
+            source=source,
+            field="train.dspark.confidence_head_with_markov",
+        )

@@ -1,0 +1,146 @@
+"""hsextract: the target's hidden states for every prepared row, in speculators' offline layout.
+
+Real presets: per instance, speculators' `scripts/launch_vllm.py` starts vLLM with its `extract_hidden_states`
+method on that instance's GPUs (own `CUDA_VISIBLE_DEVICES`, TP and port; GDN flags for hybrid targets), and one
+`speculators generate-offline-data` client per instance takes a contiguous shard of the rows
+(`--world-size N --rank i`). The client skips rows whose file exists, so a rerun resumes; `--fail-on-error` makes a
+row that still fails after its retries fail the stage instead of leaving a silent hole for training
+(`--on-missing raise`). Prefix caching is off: every token's hidden states must be computed, not served from cache.
+
+The `tiny` preset (CPU): a Transformers extractor writes the same files — `hs_<row>.safetensors` with `token_ids [T]`
+and `hidden_states [T, n_aux + 1, H]`, the auxiliary layers in order and the final layer last.
+
+Output: `hidden_states/hs_<row>.safetensors` and `hsextract/summary.json` (schema `stage-hsextract`).
+"""
+
+from __future__ import annotations
+
+from draftscope.pipeline.base import (
+    Artifact,
+    Command,
+    Stage,
+    StageContext,
+    captured_layer_ids,
+    hybrid_vllm_flags,
+    kit_argv,
+    model_artifacts,
+    resolve_instances,
+    speculators_layer_ids,
+)
+
+NAME = "hsextract"
+
+
+def instances(ctx: StageContext):
+    return resolve_instances(ctx, ctx.config.hsextract.instances, ctx.config.hsextract.base_port, "hsextract")
+
+
+def uses_vllm(ctx: StageContext) -> bool:
+    return not ctx.cpu
+
+
+def server_command(ctx: StageContext, inst) -> Command:
+    opts = ctx.config.hsextract
+    argv = [
+        "python", f"{ctx.layout.scripts}/launch_vllm.py", ctx.layout.model,
+        "--hidden-states-backend", "file",
+        # vLLM's connector writes here; the client moves each row's file into the output folder.
+        "--hidden-states-path", ctx.layout.at("hsextract", f"scratch-{inst.index}"),
+        "--target-layer-ids", *map(str, speculators_layer_ids(ctx.preset)),
+        "--include-last-layer",
+        "--",
+        "--host", "127.0.0.1",
+        "--port", str(inst.port),
+        "--tensor-parallel-size", str(inst.tp),
+        "--max-model-len", str(opts.max_model_len or ctx.preset.training.seq_length),
+        "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
+        "--no-enable-prefix-caching",
+        "--seed", str(ctx.config.seed),
+        *hybrid_vllm_flags(ctx.preset),
+    ]  # fmt: skip
+    return Command(f"server-{inst.index}", tuple(argv), env=inst.env(), gpus=inst.gpus, port=inst.port)
+
+
+def client_command(ctx: StageContext, inst, world_size: int) -> Command:
+    opts = ctx.config.hsextract
+    argv = [
+        "python", "-m", "speculators", "generate-offline-data",
+        "--preprocessed-data", ctx.layout.at("prepare"),
+        "--endpoint", f"{inst.url()}/v1",
+        "--output", ctx.layout.at("hidden_states"),
+        "--concurrency", str(opts.concurrency),
+        "--max-retries", str(opts.max_retries),
+        "--fail-on-error",
+        "--validate-outputs",
+        "--world-size", str(world_size),
+        "--rank", str(inst.index),
+    ]  # fmt: skip
+    if opts.request_timeout_s:
+        argv += ["--request-timeout", str(opts.request_timeout_s)]
+    return Command(f"client-{inst.index}", tuple(argv))
+
+
+def commands(ctx: StageContext) -> list[Command]:
+    if not uses_vllm(ctx):
+        return []
+    found = instances(ctx)
+    return [server_command(ctx, i) for i in found] + [client_command(ctx, i, len(found)) for i in found]
+
+
+def argv(ctx: StageContext) -> list[str]:
+    common = [
+        "--data", ctx.layout.at("prepare"),
+        "--output", ctx.layout.at("hidden_states"),
+        "--summary", ctx.layout.at("hsextract", "summary.json"),
+        "--layer-ids", *map(str, captured_layer_ids(ctx.preset)),
+    ]  # fmt: skip
+    if uses_vllm(ctx):
+        return kit_argv(ctx, NAME, "hsextract", [
+            "--commands", ctx.layout.at("stages", "hsextract.commands.json"), *common,
+        ])  # fmt: skip
+    return kit_argv(ctx, NAME, "hsextract-transformers", [
+        "--model", ctx.layout.model, *common, "--dtype", ctx.config.train.hidden_states_dtype,
+    ])  # fmt: skip
+
+
+def inputs(ctx: StageContext) -> list[Artifact]:
+    return [Artifact("dataset", ctx.host("prepare"), kind="tree"), *model_artifacts(ctx)]
+
+
+def outputs(ctx: StageContext) -> list[Artifact]:
+    return [
+        Artifact("hidden states", ctx.host("hidden_states"), kind="tree"),
+        Artifact("summary", ctx.host("hsextract", "summary.json"), schema="stage-hsextract"),
+    ]
+
+
+def notes(ctx: StageContext) -> list[str]:
+    layers = captured_layer_ids(ctx.preset)
+    out = [
+        f"hidden-state indices {layers[:-1]} + final {layers[-1]} (preset layer ids + 1; speculators' convention)"
+    ]
+    if uses_vllm(ctx):
+        out.append(
+            f"{len(instances(ctx))} vLLM instance(s), rows sharded with --world-size/--rank; resumable"
+        )
+        if ctx.preset.architecture.is_hybrid:
+            out.append(
+                "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (bug 1)"
+            )
+    else:
+        out.append("CPU: the kit's Transformers extractor writes speculators' hs_<row>.safetensors layout")
+    return out
+
+
+STAGE = Stage(
+    name=NAME,
+    image="train",
+    summary="target hidden states per row (speculators launch_vllm + generate-offline-data; tiny: Transformers)",
+    uses_gpu=True,
+    output_schema="stage-hsextract",
+    outputs=outputs,
+    inputs=inputs,
+    argv=argv,
+    commands=commands,
+    notes=notes,
+)

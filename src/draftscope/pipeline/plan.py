@@ -1,0 +1,194 @@
+"""Planning: a run config + the selected stages → one `Step` per stage, plus the processes each starts.
+
+Pure: nothing is written, nothing heavy is imported. `--dry-run` prints this plan through the runtime's own
+`argv`, so the printed container command is exactly the one a real run executes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from draftscope import images
+from draftscope.pipeline.base import (
+    INPUTS_MOUNT,
+    Artifact,
+    Command,
+    Layout,
+    Stage,
+    StageContext,
+    model_mounts_and_paths,
+    offline_env,
+    run_mount,
+    scripts_dir,
+)
+from draftscope.pipeline.config import PipelineConfig, Resolved
+from draftscope.plan import CACHE_MOUNT, RUN_MOUNT, Mount, Step, resolve_path
+from draftscope.presets import ModelPreset
+from draftscope.provenance import shell_join
+
+CHAT_MOUNT = f"{INPUTS_MOUNT}/chat.jsonl"
+PROMPTS_MOUNT = f"{INPUTS_MOUNT}/prompts.json"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: Stage
+    step: Step
+    commands: tuple[Command, ...]
+    inputs: tuple[Artifact, ...]
+    outputs: tuple[Artifact, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    config: PipelineConfig
+    preset: ModelPreset
+    source: str
+    workdir: Path
+    runtime: str
+    context: StageContext
+    stages: tuple[StagePlan, ...]
+    notes: tuple[str, ...]
+
+
+def default_workdir(config: PipelineConfig) -> Path:
+    return Path("runs") / f"pipeline-{config.name}"
+
+
+def external_inputs(config: PipelineConfig) -> dict[str, Path]:
+    """The files a run reads from outside the workdir, resolved on the host (a relative path is taken from the
+    current directory, else from the kit's checkout)."""
+    found: dict[str, Path] = {}
+    if config.data.chat:
+        found["chat"] = resolve_path(config.data.chat).absolute()
+    found["prompts"] = resolve_path(config.bench.prompts).absolute()
+    return found
+
+
+def context(resolved: Resolved, workdir: Path, runtime: str, selected: Sequence[Stage]) -> StageContext:
+    config, preset = resolved.config, resolved.preset
+    local = runtime == "local"
+    workdir = Path(workdir).absolute()
+    model_mounts, model, tokenizer = model_mounts_and_paths(config, preset, local)
+    inputs = external_inputs(config)
+    mounts: list[Mount] = [run_mount(workdir), *model_mounts]
+    if "chat" in inputs:
+        mounts.append(Mount(str(inputs["chat"]), CHAT_MOUNT))
+    mounts.append(Mount(str(inputs["prompts"]), PROMPTS_MOUNT))
+    layout = Layout(
+        run=str(workdir) if local else RUN_MOUNT,
+        model=model,
+        tokenizer=tokenizer,
+        scripts=scripts_dir(local),
+        chat=str(inputs.get("chat", "<data.chat>")) if local else CHAT_MOUNT,
+        prompts=str(inputs["prompts"]) if local else PROMPTS_MOUNT,
+    )
+    return StageContext(
+        config=config,
+        preset=preset,
+        workdir=workdir,
+        runtime=runtime,
+        layout=layout,
+        mounts=tuple(mounts),
+        inputs=MappingProxyType(inputs),
+        selected=frozenset(s.name for s in selected),
+    )
+
+
+def stage_step(stage: Stage, ctx: StageContext) -> Step:
+    env = offline_env()
+    if not any(m.target == CACHE_MOUNT for m in ctx.mounts):
+        env.pop("HF_HUB_CACHE")
+    env.update(stage.env(ctx))
+    gpu = stage.uses_gpu and not ctx.cpu
+    return Step(
+        name=stage.name,
+        image=images.STEP_IMAGES[stage.name],
+        argv=tuple(stage.argv(ctx)),
+        mounts=ctx.mounts,
+        env=MappingProxyType(env),
+        gpus=-1 if gpu else 0,
+        ipc_host=gpu,  # NCCL / vLLM / SGLang worker processes share memory through /dev/shm
+        network=False,  # weights are local; servers listen on the container's own loopback
+        time_limit_s=ctx.config.time_limits.get(stage.name),
+        outputs=tuple(str(a.path.relative_to(ctx.workdir)) for a in stage.outputs(ctx)),
+        output_schema=stage.output_schema,
+    )
+
+
+def build(resolved: Resolved, stages: Sequence[Stage], workdir: Path, runtime: str) -> PipelinePlan:
+    ctx = context(resolved, workdir, runtime, stages)
+    plans = tuple(
+        StagePlan(
+            stage=s,
+            step=stage_step(s, ctx),
+            commands=tuple(s.commands(ctx)),
+            inputs=tuple(s.inputs(ctx)),
+            outputs=tuple(s.outputs(ctx)),
+            notes=tuple(s.notes(ctx)),
+        )
+        for s in stages
+    )
+    return PipelinePlan(
+        resolved.config,
+        resolved.preset,
+        resolved.source,
+        ctx.workdir,
+        runtime,
+        ctx,
+        plans,
+        tuple(plan_notes(ctx)),
+    )
+
+
+def plan_notes(ctx: StageContext) -> list[str]:
+    config, preset = ctx.config, ctx.preset
+    notes = []
+    if preset.hub is not None and config.model_path is None:
+        notes.append(f"target {preset.hub.display()}, loaded from its pinned snapshot in the hub cache")
+        if not preset.hub.pinned:
+            notes.append("the target has no pinned revision: a real run refuses it")
+    elif config.model_path is not None:
+        notes.append(f"target from model_path {config.model_path}")
+    else:
+        notes.append("target: the kit-built tiny model (draftscope/assets/tiny)")
+    if preset.architecture.is_hybrid:
+        notes.append("hybrid (GDN) target: vLLM runs with custom all-reduce off and the mp executor (bug 1)")
+    if preset.dflash.mask_token_id is None:
+        notes.append(
+            "the preset names no mask token id: speculators resolves one from the tokenizer, convert copies it"
+        )
+    if not preset.status.tested:
+        notes.append(f"preset '{preset.name}' is untested end to end: {preset.status.notes}".rstrip(": "))
+    if "chat" not in ctx.inputs:
+        notes.append("data.chat is not set: a real run of regen or pretokenize refuses to start")
+    return notes
+
+
+def dry_run_lines(plan: PipelinePlan, runtime) -> list[str]:
+    """Per stage: the image reference, the exact container command, and the processes that command starts."""
+    from draftscope.runtime import Context
+
+    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    preset = plan.preset
+    lines = [
+        f"# draftscope pipeline: draft {plan.config.draft}, preset {preset.name} ({preset.display_name}, "
+        f"{preset.architecture.kind}), runtime {runtime.name}, workdir {plan.workdir}",
+        f"# config: {plan.source}",
+    ]
+    lines += [f"# note: {n}" for n in plan.notes]
+    total = len(plan.stages)
+    for i, sp in enumerate(plan.stages, start=1):
+        reference = images.image_reference(sp.step.image)
+        lines.append("")
+        lines.append(f"# [{i}/{total}] {sp.stage.name}: {sp.stage.summary}")
+        lines.append(f"#   image {sp.step.image}: {reference}")
+        lines.append(shell_join(runtime.argv(sp.step, ctx)))
+        for command in sp.commands:
+            lines.append(f"#   {command.name}: {command.display()}")
+        lines += [f"#   note: {n}" for n in sp.notes]
+    return lines

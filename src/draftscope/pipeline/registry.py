@@ -1,0 +1,42 @@
+"""The stages, in pipeline order: one explicit registry, no discovery. An unknown name lists the valid ones."""
+
+from __future__ import annotations
+
+from draftscope.errors import UserError
+from draftscope.pipeline import bench, convert, hsextract, prepare, pretokenize, regen, serve, train
+from draftscope.pipeline.base import Stage
+
+STAGES: tuple[Stage, ...] = (
+    regen.STAGE,
+    pretokenize.STAGE,
+    prepare.STAGE,
+    hsextract.STAGE,
+    train.STAGE,
+    convert.STAGE,
+    serve.STAGE,
+    bench.STAGE,
+)
+NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+
+
+def get(name: str) -> Stage:
+    for stage in STAGES:
+        if stage.name == name:
+            return stage
+    raise UserError(
+        f"unknown stage '{name}'", field="--stage", fix=f"choose all or any of: {', '.join(NAMES)}"
+    )
+
+
+def select(spec: str | None) -> tuple[Stage, ...]:
+    """`all`, or a comma-separated list of stage names; returned in pipeline order, each once."""
+    spec = (spec or "all").strip()
+    if spec == "all":
+        return STAGES
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise UserError(
+            "no stage named", field="--stage", value=spec, fix=f"use all or any of: {', '.join(NAMES)}"
+        )
+    wanted = {get(n).name for n in names}
+    return tuple(s for s in STAGES if s.name in wanted)

@@ -1,0 +1,248 @@
+"""Running a pipeline plan (host side): preflight, then each stage through the runtime, then its record.
+
+Mirrors the benchmark supervisor: everything that can be refused is refused before anything starts (unpinned
+target, missing inputs or images, a stage with no runner on this device, busy ports); each stage runs in its image
+under the runtime's hard limit; a stage counts as completed only when its outputs exist and validate against their
+schemas, and its record (`stages/<stage>.json`) is written either way. A failed stage stops the pipeline.
+
+The workdir is not a one-shot run directory: it accumulates stages, and a rerun skips every stage whose record
+says it completed with the same inputs and command (`--force` reruns). `pipeline.json` holds the frozen config of
+the latest invocation; `invocations.jsonl` keeps one line per invocation.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftscope import images
+from draftscope.errors import UserError
+from draftscope.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.pipeline import state
+from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, StageContext, hub_snapshot
+from draftscope.pipeline.plan import PipelinePlan, StagePlan
+from draftscope.plan import CACHE_MOUNT, CREDENTIALS, Mount, Step, hub_cache_dir
+from draftscope.provenance import command_line, kit_info, now
+from draftscope.runtime import ContainerRuntime, Context, Runtime
+
+Printer = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    stage: str
+    status: str  # completed | skipped | failed | timed_out | interrupted
+    reason: str | None = None
+    seconds: float = 0.0
+
+
+# Stages whose in-container runner does not exist yet on a given device (their plans are complete).
+def not_built(sp: StagePlan, ctx: StageContext) -> str | None:
+    name = sp.stage.name
+    if name in ("serve", "bench") and ctx.cpu:
+        return f"{name} needs SGLang on an NVIDIA GPU; there is no CPU path"
+    if name in ("regen", "serve", "bench") or (name == "hsextract" and not ctx.cpu):
+        return f"the in-container {name} runner (servers + clients) is not built yet; --dry-run prints its commands"
+    return None
+
+
+# --- preflight ------------------------------------------------------------------------------------------------
+
+
+def fetch_step(plan: PipelinePlan) -> Step | None:
+    """Download the pinned target snapshot first (network, transformers image) when the hub cache lacks it."""
+    preset, config = plan.preset, plan.config
+    if preset.hub is None or config.model_path is not None or preset.hub.revision is None:
+        return None
+    cache = hub_cache_dir()
+    if Path(hub_snapshot(str(cache), preset.hub.repo, preset.hub.revision)).is_dir():
+        return None
+    argv = ("python", "-m", "draftscope", "fetch", "--cache", CACHE_MOUNT, "--repo", preset.hub.repo,
+            "--revision", preset.hub.revision)  # fmt: skip
+    return Step(
+        name="fetch",
+        image=images.STEP_IMAGES["fetch"],
+        argv=argv,
+        mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
+        env={"HF_HUB_CACHE": CACHE_MOUNT},
+        env_passthrough=CREDENTIALS,
+        network=True,
+    )
+
+
+def preflight(plan: PipelinePlan, runtime: Runtime) -> None:
+    ctx = plan.context
+    preset = plan.preset
+    if preset.hub is not None and plan.config.model_path is None:
+        preset.hub.require_pinned(f"target of preset '{preset.name}'")
+    if plan.config.model_path is not None and not Path(plan.config.model_path).is_dir():
+        raise UserError("model_path is not a folder", field="model_path", value=plan.config.model_path)
+    if preset.source == "kit":
+        from draftscope.tiny.assets import require_files
+
+        require_files(preset)
+    for sp in plan.stages:
+        reason = not_built(sp, ctx)
+        if reason:
+            raise UserError(
+                reason, field="--stage", value=sp.stage.name, fix="run the other stages, or --dry-run"
+            )
+        if any(a.name == "chat" for a in sp.inputs) and "chat" not in ctx.inputs:
+            raise UserError(
+                f"stage {sp.stage.name} reads chat rows and none are configured",
+                field="data.chat",
+                fix="add --opts data.chat=PATH.jsonl or set data.chat in the run config",
+            )
+    used = {a.name for sp in plan.stages for a in sp.inputs}
+    for name, path in ctx.inputs.items():
+        if name in used and not path.is_file():
+            raise UserError("input file not found", field=name, value=str(path), fix="check the path")
+    if isinstance(runtime, ContainerRuntime):
+        needed = {sp.step.image for sp in plan.stages}
+        if fetch_step(plan) is not None:
+            needed.add(images.STEP_IMAGES["fetch"])
+        for image in sorted(needed):
+            runtime.image_facts(image)  # a UserError naming the image and how to build it
+
+
+def stage_preconditions(sp: StagePlan, ctx: StageContext) -> None:
+    """Right before a stage starts: its inputs exist, its servers' ports are free."""
+    absent = state.missing(sp.inputs)
+    if absent:
+        first = absent[0]
+        raise UserError(
+            f"stage {sp.stage.name} needs {first.name} at {first.path}, which does not exist",
+            field="--stage",
+            fix="run the stage that produces it first (or --stage all)",
+        )
+    servers = [c for c in sp.commands if c.port is not None]
+    if servers:
+        from draftscope.pipeline.base import ResolvedInstance, check_ports_free
+
+        check_ports_free(
+            [ResolvedInstance(i, c.gpus, max(1, len(c.gpus)), c.port) for i, c in enumerate(servers)],
+            f"{sp.stage.name}.instances",
+        )
+
+
+# --- running ----------------------------------------------------------------------------------------------------
+
+
+def write_frozen_config(plan: PipelinePlan, argv: list[str]) -> None:
+    workdir = plan.workdir
+    (workdir / STAGES_DIR).mkdir(parents=True, exist_ok=True)
+    frozen = {
+        "schema_version": 1,
+        "config": plan.config.to_dict(),
+        "model_preset": plan.preset.name,
+        "source": plan.source,
+        "runtime": plan.runtime,
+        "stages": [sp.stage.name for sp in plan.stages],
+        "kit": kit_info(),
+        "command_line": command_line(argv),
+        "written_at": now(),
+    }
+    atomic_write_json(workdir / CONFIG_FILE, frozen)
+    with JsonlAppender(workdir / "invocations.jsonl") as log:
+        log.append(frozen)
+
+
+def run_pipeline(plan: PipelinePlan, runtime: Runtime, *, force: bool = False, argv: list[str] | None = None,
+                 say: Printer = print) -> list[StageOutcome]:  # fmt: skip
+    preflight(plan, runtime)
+    write_frozen_config(plan, argv if argv is not None else sys.argv)
+    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    outcomes: list[StageOutcome] = []
+    fetch = fetch_step(plan)
+    if fetch is not None:
+        say(f"fetch: downloading {plan.preset.hub.display()} into the hub cache")  # type: ignore[union-attr]
+        result = runtime.run(fetch, ctx)
+        if not result.ok:
+            outcomes.append(StageOutcome("fetch", result.status, result.reason, result.seconds))
+            return outcomes
+    for sp in plan.stages:
+        outcome = run_stage(plan, sp, runtime, ctx, force=force, say=say)
+        outcomes.append(outcome)
+        if outcome.status not in ("completed", "skipped"):
+            break
+    return outcomes
+
+
+def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context, *, force: bool,
+              say: Printer) -> StageOutcome:  # fmt: skip
+    name = sp.stage.name
+    argv = runtime.argv(sp.step, ctx)
+    commands = [c.to_dict() for c in sp.commands]
+    image = _image_facts(sp.step, runtime)
+    config_hash = state.config_sha256(argv, commands, image["reference"])
+    inputs = state.fingerprints(sp.inputs)
+    previous = state.read_record(plan.workdir, name)
+    reason = state.skip_reason(previous, config_hash=config_hash, inputs=inputs, outputs=sp.outputs)
+    if reason and not force:
+        say(f"{name}: skipped ({reason})")
+        return StageOutcome(name, "skipped", reason)
+    stage_preconditions(sp, plan.context)
+    stages_dir = plan.workdir / STAGES_DIR
+    if commands:
+        atomic_write_json(stages_dir / f"{name}.commands.json", {"schema_version": 1, "stage": name,
+                                                                  "commands": commands})  # fmt: skip
+    result_file = stages_dir / f"{name}.result.json"
+    result_file.unlink(missing_ok=True)
+    say(f"{name}: running in {sp.step.image if runtime.name != 'local' else 'this environment'}")
+    started_at = now()
+    outcome = runtime.run(sp.step, ctx)
+    result = read_json(result_file) if result_file.is_file() else {}
+    status, why = outcome.status, outcome.reason
+    notes = list(sp.notes)
+    if outcome.ok:
+        why = _check_outputs(sp)
+        if why:
+            status = "failed"
+    record: dict[str, Any] = {
+        "schema_version": 1,
+        "stage": name,
+        "status": status,
+        "reason": why,
+        "draft": plan.config.draft,
+        "model_preset": plan.preset.name,
+        "runtime": runtime.name,
+        "image": image,
+        "argv": argv,
+        "commands": commands,
+        "config_sha256": config_hash,
+        "inputs": inputs,
+        "outputs": state.fingerprints(sp.outputs) if status == "completed" else [],
+        "versions": dict(result.get("versions") or {}),
+        "counts": dict(result.get("counts") or {}),
+        "started_at": started_at,
+        "finished_at": now(),
+        "seconds": round(outcome.seconds, 3),
+        "notes": notes + list(result.get("notes") or []),
+    }
+    state.write_record(plan.workdir, record)
+    say(f"{name}: {status}" + (f" ({why})" if why else "") + f" in {outcome.seconds:.1f} s")
+    return StageOutcome(name, status, why, outcome.seconds)
+
+
+def _check_outputs(sp: StagePlan) -> str | None:
+    """Every declared output exists and every schema'd one validates; the first problem, else None."""
+    from draftscope.schema import problems
+
+    absent = state.missing(sp.outputs)
+    if absent:
+        return f"output {absent[0].name} missing at {absent[0].path}"
+    for artifact in sp.outputs:
+        if artifact.schema:
+            found = problems(read_json(artifact.path), artifact.schema)
+            if found:
+                return f"{artifact.path}: {found[0].path}: {found[0].message}"
+    return None
+
+
+def _image_facts(step: Step, runtime: Runtime) -> dict[str, Any]:
+    if isinstance(runtime, ContainerRuntime):
+        return {"name": step.image, **runtime.image_facts(step.image)}
+    return {"name": step.image, "reference": None, "id": None, "repo_digests": []}

@@ -1,0 +1,120 @@
+"""pretokenize → prepare → hsextract → train → convert on a CPU with the real speculators 0.9.0, through
+`invoke pipeline --runtime local`, for each draft type; the hidden states load through speculators' own dataset code.
+
+Needs an environment with speculators 0.9.0 (it caps transformers at 5.19.0 and datasets at 5.1.0, so it is not in the
+kit's host environment): skipped where it is not installed. The target is a small random Qwen3 with the kit's
+tokenizer, built here; training is one short epoch through the kit's CPU device shim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftscope.jsonio import read_json
+from draftscope.schema import problems
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+pytest.importorskip("speculators")
+pytest.importorskip("datasets")
+torch = pytest.importorskip("torch")
+
+INVOKE_PIPELINE = (
+    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
+    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
+)
+PRESET = """\
+schema_version: 1
+name: small
+display_name: small random Qwen3 (test)
+source: hub
+hub: {repo: test/small, revision: 0123456789abcdef0123456789abcdef01234567}
+architecture: {kind: dense, model_type: qwen3, num_layers: 4, hidden_size: 64, vocab_size: 512,
+               max_position_embeddings: 512}
+dflash: {block_size: 4, decay_gamma: 2, target_layer_ids: [1, 2], num_draft_layers: 2, mask_token_id: 3}
+training: {seq_length: 128, max_anchors: 16, nproc_per_node: 1, epochs: 1}
+serving: {tp_size: 1}
+status: {tested: false}
+"""
+STAGES = "pretokenize,prepare,hsextract,train,convert"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import inspect
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from draftscope.tiny import tokenizer as T
+
+    root = tmp_path_factory.mktemp("spec")
+    (root / "presets" / "models").mkdir(parents=True)
+    (root / "presets" / "models" / "small.yaml").write_text(PRESET)
+    model = root / "model"
+    T.save_tokenizer(T.wrap(T.train_tokenizer([inspect.getsource(json)] * 3, vocab_size=512)), model)
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
+    Qwen3ForCausalLM(config).save_pretrained(str(model))
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"def f{i}(x):"},
+                                         {"role": "assistant", "content": f"    return x * {i}"}]}
+            for i in range(20)]  # fmt: skip
+    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def run(setup: Path, workdir: Path, draft: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DRAFTSCOPE_PRESETS": str(setup / "presets")}
+    args = [
+        "pipeline", "--preset", "small", "--draft", draft, "--runtime", "local", "--workdir", str(workdir),
+        "--stage", STAGES, "--opts", "device=cpu", "--opts", f"model_path={setup / 'model'}",
+        "--opts", f"data.chat={setup / 'chat.jsonl'}", "--opts", "train.hidden_states_dtype=float32",
+        "--opts", "prepare.workers=1", "--opts", "train.dspark.markov_rank=8",
+        "--opts", "train.dflash2.selector_rank=8", "--opts", "train.dflash2.selector_top_k=4",
+    ]  # fmt: skip
+    return subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], env=env, capture_output=True, text=True,
+                          timeout=900, check=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("draft", ["dflash", "dspark", "dflash2"])
+def test_cpu_pipeline_with_real_speculators(setup, tmp_path, draft):
+    workdir = tmp_path / "w"
+    result = run(setup, workdir, draft)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for stage in STAGES.split(","):
+        record = read_json(workdir / "stages" / f"{stage}.json")
+        assert record["status"] == "completed" and problems(record, "stage-record") == [], stage
+    assert read_json(workdir / "stages" / "train.json")["versions"]["speculators"] == "0.9.0"
+    assert (workdir / "checkpoints" / "0" / "train_command.txt").is_file()
+    converted = read_json(workdir / "draft" / "config.json")
+    assert converted["dflash_config"]["target_layer_ids"] == [1, 2]
+    assert problems(read_json(workdir / "draft" / "draftscope-convert.json"), "stage-convert") == []
+    again = run(setup, workdir, draft)
+    assert again.returncode == 0 and again.stdout.count(": skipped") == len(STAGES.split(","))
+
+
+def test_hidden_states_load_through_speculators_dataset(setup, tmp_path):
+    from hs_connectors.transfer import FileTransfer
+    from speculators.train.data import ArrowDataset
+
+    workdir = tmp_path / "w"
+    env = {**os.environ, "DRAFTSCOPE_PRESETS": str(setup / "presets")}
+    args = ["pipeline", "--preset", "small", "--runtime", "local", "--workdir", str(workdir),
+            "--stage", "pretokenize,prepare,hsextract", "--opts", "device=cpu", "--opts", f"model_path={setup / 'model'}",
+            "--opts", f"data.chat={setup / 'chat.jsonl'}", "--opts", "prepare.workers=1"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], env=env, capture_output=True, text=True,
+                          timeout=900, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    dataset = ArrowDataset(max_len=128, datapath=str(workdir / "prepare"),
+                           transfer=FileTransfer(workdir / "hidden_states"), on_missing="raise",
+                           hidden_states_dtype=torch.float32)  # fmt: skip
+    item = dataset[0]
+    length = item["input_ids"].shape[0]
+    assert tuple(item["hidden_states"].shape) == (length, 2 * 64)  # the two auxiliary layers, concatenated
+    assert tuple(item["verifier_last_hidden_states"].shape) == (length, 64)
