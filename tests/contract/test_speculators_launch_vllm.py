@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -48,7 +49,12 @@ def launch_vllm() -> ast.Module:
         try:
             data = urllib.request.urlopen(RAW.format(commit=SCRIPTS_COMMIT), timeout=30).read()
         except OSError as exc:
-            pytest.fail(f"could not get launch_vllm.py at {SCRIPTS_COMMIT} ({exc}); put it at {path}")
+            # The script is not in any wheel; a machine that reaches only the package index cannot get it. CI there
+            # skips (and says so); DRAFTSCOPE_CONTRACT_STRICT=1 turns the skip into a failure.
+            message = f"could not get launch_vllm.py at {SCRIPTS_COMMIT} ({exc}); put it at {path}"
+            if os.environ.get("DRAFTSCOPE_CONTRACT_STRICT"):
+                pytest.fail(message)
+            pytest.skip(message)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     data = path.read_bytes()

@@ -94,7 +94,7 @@ def run(run_dir: Path) -> int:
         phase="loaded",
         load_seconds=time.perf_counter() - started,
         backend=backend.facts,
-        hardware=hardware(config.device),
+        hardware=hardware(config.device, config.backend),
     )
     atomic_write_json(run_dir / WORKER_FACTS, facts)
 
