@@ -67,10 +67,16 @@ def shared_socket(engine):
     os.chmod(sock, mode & 0o777)
 
 
-def test_tiny_benchmark_in_the_image_as_the_invoking_user(kit_image, shared_socket, tmp_path):
+def test_tiny_benchmark_in_the_image_as_the_invoking_user(kit_image, shared_socket):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     uid = 4321
-    os.chown(tmp_path, uid, uid)
-    run = tmp_path / "R1"
+    home = Path(tempfile.mkdtemp(prefix="draftscope-owner-", dir="/tmp"))  # traversable by the other user
+    home.chmod(0o755)
+    os.chown(home, uid, uid)
+    run = home / "R1"
     result = invoke(*TINY, "--output", str(run), user=uid)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     m = manifest(run)
@@ -85,6 +91,7 @@ def test_tiny_benchmark_in_the_image_as_the_invoking_user(kit_image, shared_sock
     assert m["software"]["worker"]["draftscope"] == m["kit"]["version"]
     assert invoke("validate", str(run)).returncode == 0
     assert leftovers(run) == ""
+    shutil.rmtree(home)
 
 
 def test_dry_run_prints_exactly_the_executed_argv(kit_image, tmp_path):
@@ -116,14 +123,29 @@ def test_time_limit_kills_the_container_and_keeps_partial_records(kit_image, tmp
     assert invoke("validate", str(run)).returncode == 0
 
 
-def test_a_failing_worker_reports_its_exit_code_and_reason(kit_image, tmp_path):
-    # A CUDA run on a machine without a GPU: the worker refuses (exit 2) with a one-line reason.
+def test_a_failing_worker_reports_its_exit_code_and_reason(kit_image, tmp_path, monkeypatch):
+    # Fault injection inside the container: the worker exits with code 7 after its second record.
+    monkeypatch.setenv("DRAFTSCOPE_FAILPOINT", "after-records:2:exit:7")
     run = tmp_path / "R4"
-    result = invoke(*TINY[:-4], "--output", str(run), "--opts", "device=cuda")
-    assert result.returncode == 1
+    result = invoke(*TINY, "--output", str(run))
+    assert result.returncode == 1, result.stderr
     m = manifest(run)
     assert m["status"] == "failed"
     (step,) = [s for s in m["steps"] if s["name"] == "benchmark"]
-    assert step["exit_code"] not in (0, None)
-    assert f"exited with code {step['exit_code']}" in m["reason"]
+    assert step["exit_code"] == 7
+    assert "step 'benchmark' exited with code 7" in m["reason"] and "failpoint" in m["reason"]
+    assert any("fault injection was active" in note for note in m["notes"])
+    assert len((run / "records.jsonl").read_text().splitlines()) == 2
+    assert invoke("validate", str(run)).returncode == 0
+    assert leftovers(run) == ""
+
+
+def test_an_engine_refusal_is_a_failure_not_a_success(kit_image, tmp_path):
+    # GPU flags on this CPU-only, unprivileged engine: the container never starts. Its exit code would read 0;
+    # the run must say failed, with the engine's message.
+    run = tmp_path / "R5"
+    result = invoke(*TINY, "--output", str(run), "--opts", "device=cuda")
+    assert result.returncode == 1
+    m = manifest(run)
+    assert m["status"] == "failed" and m["reason"], m
     assert leftovers(run) == ""

@@ -131,6 +131,7 @@ def _run_steps(plan: Plan, runtime: Runtime, ctx: Context, run: RunDir, say: Pri
                 "status": outcome.status,
                 "exit_code": outcome.exit_code,
                 "seconds": round(outcome.seconds, 3),
+                "argv": runtime.argv(step, ctx),  # exactly what ran (and what --dry-run prints)
             }
         )
         run.update(steps=steps_state)
@@ -156,6 +157,17 @@ def _finish(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str, Any]:
         run.update(hardware=facts.get("hardware"), software=software)
     records = read_records(run.path)
     prompt_ids = [p["id"] for p in read_json(Path(plan.prompts.path))["prompts"]]
+    expected = len(prompt_ids) * plan.experiment.repeats
+    if outcome.ok and len(records) != expected:
+        # Exit code 0 is not enough: the worker must have written every record.
+        outcome = Outcome(
+            outcome.step,
+            "failed",
+            outcome.exit_code,
+            outcome.seconds,
+            f"the worker exited 0 with {len(records)} of {expected} records written",
+            outcome.log,
+        )
     summary = summarize(run.path.name, records, prompt_ids, partial=not outcome.ok)
     run.write_summary(summary)
     if outcome.ok:

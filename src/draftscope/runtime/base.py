@@ -120,10 +120,16 @@ def _reap(proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 
 def outcome_from_exit(
-    step: Step, code: int | None, seconds: float, log: Path | None, container: str | None
+    step: Step,
+    code: int | None,
+    seconds: float,
+    log: Path | None,
+    container: str | None,
+    what: str | None = None,
 ) -> Outcome:
     if code == 0:
         return Outcome(step.name, "completed", 0, seconds, None, log, container)
     detail = tail(log)
-    reason = f"step '{step.name}' exited with code {code}" + (f": {detail}" if detail else "")
+    who = f"{what} for step '{step.name}'" if what else f"step '{step.name}'"
+    reason = f"{who} exited with code {code}" + (f": {detail}" if detail else "")
     return Outcome(step.name, "failed", code, seconds, reason, log, container)

@@ -117,11 +117,13 @@ class ContainerRuntime:
                     started=started,
                 )
             seconds = time.monotonic() - started
-            code = self.exit_code(name)
+            status, code = self.state(name)
             if state != "exited":
                 return Outcome(step.name, state, code, seconds, reason, log, name)
-            if code is None:  # the container never came to exist: the client's own error is in the log
-                return outcome_from_exit(step, proc.returncode or 125, seconds, log, name)
+            if status != "exited":
+                # The container never ran (the engine refused to start it): its exit code would read 0.
+                client = proc.returncode or 125
+                return outcome_from_exit(step, client, seconds, log, name, what="the container engine")
             return outcome_from_exit(step, code, seconds, log, name)
         finally:
             self.remove(name)
@@ -138,14 +140,16 @@ class ContainerRuntime:
     def remove(self, name: str) -> None:
         self._quiet("rm", "--force", name)
 
-    def exit_code(self, name: str) -> int | None:
-        result = self._quiet("inspect", "--format", "{{.State.ExitCode}}", name)
+    def state(self, name: str) -> tuple[str | None, int | None]:
+        """(status, exit code) of the named container: ('exited', N) once it ran; (None, None) if it is gone."""
+        result = self._quiet("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name)
         if result.returncode != 0:
-            return None
+            return None, None
+        status, _, code = result.stdout.strip().partition(" ")
         try:
-            return int(result.stdout.strip())
+            return status, int(code)
         except ValueError:
-            return None
+            return status, None
 
     def exists(self, name: str) -> bool:
         result = self._quiet("ps", "--all", "--quiet", "--filter", f"name=^{name}$")
