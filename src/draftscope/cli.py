@@ -248,9 +248,11 @@ def _print_json(obj: Any) -> None:
 
 
 def _namespace() -> Collection:
+    from draftscope.cli_analysis import ANALYSIS_TASKS, ns_evidence
     from draftscope.cli_tiny import ns_tiny
 
-    root = Collection(plan, presets, benchmark, bench_overhead, validate, doctor, version)
+    root = Collection(plan, presets, benchmark, bench_overhead, validate, doctor, version, *ANALYSIS_TASKS)
+    root.add_collection(ns_evidence, name="evidence")
     root.add_collection(ns_tiny, name="tiny")
     from draftscope.cli_images import ns_images
     from draftscope.cli_pipeline import PIPELINE_TASKS

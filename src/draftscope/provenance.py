@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -39,7 +40,13 @@ def kit_info() -> dict[str, object]:
 
 
 def command_line(argv: list[str] | None = None) -> list[str]:
-    return list(sys.argv if argv is None else argv)
+    """The command as typed, with the program by its base name: no path of the machine enters a manifest."""
+    args = list(sys.argv if argv is None else argv)
+    if args:
+        program = os.path.basename(args[0])
+        # `python -m invoke …` shows invoke's __main__.py: record what was run.
+        args[0] = "invoke" if program == "__main__.py" and "invoke" in args[0] else program
+    return args
 
 
 def shell_join(argv: list[str]) -> str:

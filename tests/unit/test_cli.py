@@ -20,6 +20,15 @@ HOST_MODULES = [
     "draftscope.render",
     "draftscope.doctor",
     "draftscope.schema",
+    "draftscope.cli_analysis",
+    "draftscope.analysis.compare",
+    "draftscope.analysis.report",
+    "draftscope.analysis.evidence",
+    "draftscope.cli_pipeline",
+    "draftscope.pipeline.plan",
+    "draftscope.bench.supervisor",
+    "draftscope.bench.backends.vllm",
+    "draftscope.images",
 ]
 
 

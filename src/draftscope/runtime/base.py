@@ -23,6 +23,7 @@ ENV_ALLOW = (
     "NVIDIA_VISIBLE_DEVICES",
     "TZ",
     "DRAFTSCOPE_FAILPOINT",  # fault injection (tests); recorded in the manifest when set
+    "OMP_NUM_THREADS",  # CPU runs side by side: keep them from oversubscribing the cores
 )
 
 

@@ -1,0 +1,187 @@
+"""`invoke analyze`: the terminal table (rich) and the report folder.
+
+The report folder is created exclusively and holds report.md, a self-contained report.html (figures embedded as
+base64 PNG, no external resources) and the PNG figures themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from rich.table import Table
+
+from draftscope.analysis import figures
+from draftscope.analysis.load import Run
+from draftscope.analysis.output import make_new_dir, write_new
+from draftscope.provenance import kit_info, now
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+FIELDS = (
+    ("status", "status"),
+    ("backend", "backend"),
+    ("model@revision", "target"),
+    ("draft", "draft"),
+    ("images", "images"),
+    ("hardware", "hardware"),
+    ("prompts", "prompts"),
+    ("records", "records"),
+    ("request tok/s", "request_tok_s"),
+    ("decode tok/s", "decode_tok_s"),
+    ("acceptance length", "acceptance_length"),
+    ("greedy agreement", "greedy_agreement"),
+)
+
+
+def fmt_stat(s: Mapping[str, Any] | None, digits: int = 1) -> str:
+    """'median (min–max)', or '—' when nothing was measured."""
+    if not s:
+        return "—"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
+def run_row(run: Run) -> dict[str, str]:
+    """One run's cells, as text: the same values go to the terminal, report.md and report.html."""
+    s = run.summary
+    overall = s["overall"]
+    if s["greedy_agreement"]:
+        agreement = "yes" if run.records else "— (no records)"
+    else:
+        d = s["disagreements"][0]
+        agreement = (
+            f"no: {len(s['disagreements'])} disagreement(s); first {d['prompt_id']} repeat {d['repeat']} "
+            f"at position {d['first_diverging_position']}"
+        )
+    sha = run.prompts_sha256
+    return {
+        "run": run.run_id,
+        "status": run.status_label,
+        "backend": run.backend,
+        "target": run.target,
+        "draft": run.draft or "—",
+        "images": run.images_label,
+        "hardware": run.hardware_label,
+        "prompts": f"sha256 {sha[:12]}… ({s['prompts_completed']}/{s['prompts_total']} done)" if sha else "—",
+        "records": f"{len(run.records)} ({len(run.repeats)} repeat(s))",
+        "request_tok_s": fmt_stat(overall.get("request_tok_s")),
+        "decode_tok_s": fmt_stat(overall.get("decode_tok_s")),
+        "acceptance_length": fmt_stat(overall.get("acceptance_length"), 2)
+        if run.speculative
+        else "— (not speculative)",
+        "greedy_agreement": agreement,
+    }
+
+
+def runs_table(runs: Sequence[Run]) -> Table:
+    """Fields down, runs across: a run's many facts stay readable in a terminal."""
+    table = Table(
+        title="Runs (medians with min–max over every record)", title_justify="left", show_lines=False
+    )
+    table.add_column("field", style="bold", no_wrap=True)
+    rows = [run_row(r) for r in runs]
+    for row in rows:
+        table.add_column(row["run"], overflow="fold")
+    for title, key in FIELDS:
+        table.add_row(title, *(row[key] for row in rows))
+    return table
+
+
+@dataclass(frozen=True)
+class FigureFile:
+    name: str
+    title: str
+    png: bytes
+
+    @property
+    def data_uri(self) -> str:
+        return "data:image/png;base64," + base64.b64encode(self.png).decode("ascii")
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def make_figures(runs: Sequence[Run]) -> list[FigureFile]:
+    out = [
+        FigureFile(
+            "throughput-by-prompt.png", "Per-prompt throughput by run", figures.throughput_by_prompt(runs)
+        ),
+        FigureFile("token-latency-cdf.png", "Per-token latency (CDF)", figures.token_latency_cdf(runs)),
+    ]
+    hist = figures.acceptance_histogram(runs)
+    if hist is not None:
+        out.append(FigureFile("acceptance-length.png", "Acceptance length (speculative runs)", hist))
+    seen: set[str] = set()
+    for run in runs:
+        name = f"timeline-{_safe(run.run_id)}.png"
+        while name in seen:  # two runs with the same id (from different folders)
+            name = name.replace(".png", "-1.png")
+        seen.add(name)
+        out.append(FigureFile(name, f"Timeline of {run.run_id}", figures.timeline(run)))
+    return out
+
+
+def per_prompt_table(runs: Sequence[Run]) -> tuple[list[str], list[list[str]]]:
+    """Rows: prompts (joined on the hash); columns: median request tok/s of each run ('—' where missing)."""
+    order: dict[str, str] = {}
+    for run in runs:
+        for sha, rows in run.by_prompt.items():
+            order.setdefault(sha, rows.prompt_id)
+    header = ["prompt", *(r.run_id for r in runs)]
+    body = []
+    for sha, pid in order.items():
+        cells = [pid]
+        for run in runs:
+            stats = (
+                run.summary["per_prompt"].get(run.by_prompt[sha].prompt_id) if sha in run.by_prompt else None
+            )
+            cells.append(fmt_stat(stats["request_tok_s"]) if stats else "—")
+        body.append(cells)
+    return header, body
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=select_autoescape(enabled_extensions=("html",), default_for_string=False),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["md"] = lambda value: str(value).replace("|", "\\|")  # a pipe would end a Markdown cell
+    return env
+
+
+def write_report(runs: Sequence[Run], folder: Path) -> list[Path]:
+    """Create `folder` (it must not exist) with report.md, report.html and the PNG figures; returns the files."""
+    figs = make_figures(runs)  # before creating anything: a plotting failure leaves no half-made folder
+    folder = make_new_dir(Path(folder), "--report")
+    rows = [run_row(r) for r in runs]
+    header, body = per_prompt_table(runs)
+    context = {
+        "generated_at": now(),
+        "kit": kit_info(),
+        "fields": FIELDS,
+        "rows": rows,
+        "runs": runs,
+        "figures": figs,
+        "prompt_header": header,
+        "prompt_rows": body,
+        "partial": [r.run_id for r in runs if r.partial],
+    }
+    env = _environment()
+    written = []
+    for fig in figs:
+        write_new(folder / fig.name, fig.png, "--report")
+        written.append(folder / fig.name)
+    for name in ("report.md", "report.html"):
+        text = env.get_template(f"{name}.j2").render(**context)
+        write_new(folder / name, text.encode("utf-8"), "--report")
+        written.append(folder / name)
+    return written

@@ -1,0 +1,162 @@
+"""Analysis on real tiny CPU runs (issue 5, acceptance 1–3): analyze, an A/A compare, and a reproduction.
+
+Three runs are made once for the module, started together so that the A/A pair sees the same machine load.
+Skipped until the kit-built tiny model files are in place (`invoke tiny.build --check`).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from draftscope import schema
+from draftscope.errors import UserError
+
+from support import ROOT, run_invoke
+
+
+def _missing_assets() -> list[str]:
+    try:
+        from draftscope import tiny
+
+        return tiny.check_files()
+    except UserError as exc:
+        return [exc.render()]
+
+
+MISSING = _missing_assets()
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(bool(MISSING), reason=f"tiny model files not in place: {'; '.join(MISSING)[:200]}"),
+]
+
+TINY = [
+    "benchmark",
+    "--backend",
+    "transformers",
+    "--preset",
+    "tiny",
+    "--device",
+    "cpu",
+    "--runtime",
+    "local",
+    "--prompts",
+    "examples/prompts.json",
+    "--max-new-tokens",
+    "16",
+]
+LAUNCHER = (
+    "import sys\n"
+    "from invoke import Collection, Program\n"
+    "from draftscope.cli_analysis import ANALYSIS_TASKS, ns_evidence\n"
+    "ns = Collection(*ANALYSIS_TASKS)\n"
+    "ns.add_collection(ns_evidence)\n"
+    "Program(namespace=ns, name='draftscope', binary='invoke').run(['invoke', *sys.argv[1:]])\n"
+)
+
+
+def run_cli(*args, cwd=ROOT, timeout=300):
+    """`invoke ARGS` once the analysis tasks are in the main namespace; until then the same tasks, same parser."""
+    from draftscope.cli import ns
+
+    if "analyze" in ns.task_names:
+        return run_invoke(*args, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *args],
+        cwd=cwd,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("analysis")
+    argv = {
+        "A": [*TINY, "--repeats", "2"],
+        "B": [*TINY, "--repeats", "2"],
+        "S": [*TINY, "--repeats", "1", "--draft", "tiny"],
+    }
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "invoke", *args, "--output", str(folder / name)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in argv.items()
+    }
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{name}: {out[-1500:]}{err[-1500:]}"
+    return {name: folder / name for name in procs}
+
+
+def test_analyze_writes_the_report_with_valid_figures_and_prints_the_table(runs, tmp_path):
+    rep = tmp_path / "REP"
+    result = run_cli("analyze", f"{runs['A']},{runs['B']},{runs['S']}", "--report", str(rep))
+    assert result.returncode == 0, result.stderr
+    for needle in (
+        "request tok/s",
+        "decode tok/s",
+        "acceptance length",
+        "greedy agreement",
+        "tiny (kit-built)",
+        "completed",
+        "local runtime",
+    ):
+        assert needle in result.stdout, needle
+    assert (rep / "report.md").is_file() and (rep / "report.html").is_file()
+    pngs = sorted(rep.glob("*.png"))
+    assert len(pngs) >= 3 and (rep / "acceptance-length.png") in pngs
+    for png in pngs:
+        with Image.open(png) as img:
+            img.verify()
+    assert (rep / "report.html").read_text().count("data:image/png;base64,") == len(pngs)
+
+
+def test_an_a_a_comparison_is_not_admitted_at_1_percent(runs, tmp_path):
+    out = tmp_path / "aa.json"
+    result = run_cli("compare", str(runs["A"]), str(runs["B"]), "--threshold", "1%", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert schema.problems(doc, "comparison") == []
+    assert doc["median_ratio"] > 0 and doc["ci"]["low"] <= doc["median_ratio"] <= doc["ci"]["high"]
+    assert doc["verdict"]["decision"] == "not_admitted", doc["verdict"]["reason"]
+    assert doc["tokens"]["expected_identical"] and doc["tokens"]["first_mismatch"] is None
+    assert doc["noise_band"] is not None and (tmp_path / "aa.png").is_file()
+    assert result.stdout.startswith("NOT ADMITTED")
+
+
+def test_plain_and_speculative_greedy_tokens_agree(runs, tmp_path):
+    out = tmp_path / "spec.json"
+    result = run_cli("compare", str(runs["A"]), str(runs["S"]), "--output", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    tokens = json.loads(out.read_text())["tokens"]
+    assert tokens["expected_identical"] and tokens["compared"] == 12 and tokens["identical"] == 12
+
+
+def test_reproduce_gives_identical_token_ids_and_a_valid_comparison(runs, tmp_path):
+    new, comp = tmp_path / "A-again", tmp_path / "repro.json"
+    result = run_cli(
+        "reproduce", str(runs["A"]), "--output", str(new), "--comparison", str(comp), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "image checks skipped" in result.stdout and "token ids identical" in result.stdout
+    doc = json.loads(comp.read_text())
+    assert schema.problems(doc, "comparison") == []
+    assert doc["kind"] == "reproduction" and doc["reproduction"]["tokens_identical"] is True
+    assert doc["tokens"]["compared"] == 24 and doc["tokens"]["identical"] == 24
+    manifest = json.loads((new / "manifest.json").read_text())
+    original = json.loads((runs["A"] / "manifest.json").read_text())
+    assert manifest["status"] == "completed"
+    assert manifest["inputs"][0]["sha256"] == original["inputs"][0]["sha256"]
+    frozen = {k: v for k, v in original["config"].items() if k != "prompts"}
+    assert {k: v for k, v in manifest["config"].items() if k != "prompts"} == frozen
