@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from draftscope import tiny
 from draftscope.errors import UserError
 from draftscope.presets import load_model_preset
-from draftscope.tiny import build as build_mod
+from draftscope.tiny import builder as build_mod
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -21,9 +21,19 @@ from draftscope.bench.decode import (  # noqa: E402
 from draftscope.resources import examples_dir  # noqa: E402
 from draftscope.tiny.models import DRAFT, TARGET, new_model  # noqa: E402
 
-MAX_NEW = 40
+MAX_NEW = 32
 EOS = (2, 0)  # <|im_end|>, <|endoftext|>
 MASK = 3  # <|mask|>: never produced by the trained target
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Batch-one decoding of these tiny models is all per-call overhead: one thread is faster than two, and much
+    # faster when the cores are shared.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +161,7 @@ def test_random_models_with_a_raised_init_range_agree_too():
     torch.manual_seed(0)
     target = new_model(TARGET, seed=5, initializer_range=0.5).eval()
     draft = new_model(DRAFT, seed=6, initializer_range=0.5).eval()
-    for seed in range(3):
+    for seed in range(2):
         ids = torch.randint(4, 4096, (20,), generator=torch.Generator().manual_seed(seed)).tolist()
         ref = greedy_generate(target, ids, max_new_tokens=24, eos_token_ids=(), ignore_eos=True)
         assert len(set(ref.token_ids)) > 3

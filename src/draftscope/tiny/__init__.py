@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from draftscope.errors import UserError
 from draftscope.presets import load_model_preset
+from draftscope.tiny import builder
 from draftscope.tiny.assets import (
     PRESET,
     assets_dir,
@@ -27,7 +29,7 @@ from draftscope.tiny.assets import (
     load_tokenizer,
     require_files,
 )
-from draftscope.tiny.build import DRAFT_STEPS, TARGET_STEPS, build, compare
+from draftscope.tiny.builder import DRAFT_STEPS, TARGET_STEPS, build, compare
 
 __all__ = [
     "DRAFT_STEPS",
@@ -50,10 +52,8 @@ __all__ = [
 
 def install(folder: Path, record: dict[str, Any]) -> None:
     """Replace the shipped files with a build's and record its hashes and figures in the tiny preset."""
-    from draftscope.tiny import build as build_mod
-
     preset = load_model_preset(PRESET)
-    build_mod.install(folder, record, assets=assets_dir(), preset_path=Path(preset.path))
+    builder.install(folder, record, assets=assets_dir(), preset_path=Path(preset.path))
 
 
 def check_lines() -> list[str]:
@@ -94,7 +94,7 @@ def report_lines(record: dict[str, Any]) -> tuple[list[str], bool]:
     """Per-file comparison of a rebuild with the shipped hashes, and the figures; (lines, all reproduced)."""
     try:
         shipped = expected_files()
-    except Exception:  # no hashes recorded yet: everything is new
+    except UserError:  # no hashes recorded yet: everything is new
         shipped = {}
     rows = compare(record, shipped)
     lines = []
@@ -110,11 +110,14 @@ def report_lines(record: dict[str, Any]) -> tuple[list[str], bool]:
         lines.append(f"{row['path']}: {verdict}")
     reproduced = bool(rows) and all(r["identical"] for r in rows)
     m = record["measured"]
-    lines.append(
-        f"rebuild {'REPRODUCED' if reproduced else 'did NOT reproduce'} the shipped hashes "
-        f"({sum(r['identical'] for r in rows)} of {len(rows)} files identical)"
-        + ("" if reproduced else "; other CPUs, Python versions (corpus) or torch versions may differ")
-    )
+    if not shipped:
+        lines.append("no shipped hashes to compare with (the preset lists no kit_model.files)")
+    else:
+        lines.append(
+            f"rebuild {'REPRODUCED' if reproduced else 'did NOT reproduce'} the shipped hashes "
+            f"({sum(r['identical'] for r in rows)} of {len(rows)} files identical)"
+            + ("" if reproduced else "; other CPUs, Python versions (corpus) or torch versions may differ")
+        )
     if "target_validation_loss" in m:
         lines.append(
             f"target: validation loss {m['target_validation_loss']}, mean top-1 probability "
@@ -132,14 +135,25 @@ def report_lines(record: dict[str, Any]) -> tuple[list[str], bool]:
 @contextlib.contextmanager
 def progress_display() -> Iterator[Any]:
     """A rich progress bar per training phase; yields the callback `build` takes."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        # Piped or under nohup: a line per tenth of each phase instead of a live bar.
+        def line(phase: str, step: int, steps: int, loss: float) -> None:
+            if step == steps or step % max(1, steps // 10) == 0:
+                console.print(f"training {phase}: step {step}/{steps}, loss {loss:.3f}", highlight=False)
+
+        yield line
+        return
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]:.3f}"),
         TimeElapsedColumn(),
+        console=console,
     ) as bar:
         tasks: dict[str, Any] = {}
 

@@ -7,6 +7,8 @@ fetched from a hub. A mismatch is an error that names the file; the kit never re
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,5 +131,20 @@ def _load_model(sub: str, device: str, dtype: Any, folder: Path) -> Any:
             raise UserError(
                 "unknown dtype", field="dtype", value=dtype, fix="use float32, bfloat16 or float16"
             )
-    model = AutoModelForCausalLM.from_pretrained(str(folder / sub), local_files_only=True, dtype=dtype)
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(str(folder / sub), local_files_only=True, dtype=dtype)
     return model.to(device).eval()
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No transformers progress bars while loading or saving a one-shard model of a few MB."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

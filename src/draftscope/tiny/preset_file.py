@@ -25,7 +25,8 @@ def write_kit_model(path: Path, *, files: Mapping[str, str], measured: Mapping[s
         raise UserError("no kit_model section to update", source=str(path), field="kit_model")
     kit_model = dict(data["kit_model"])
     kit_model["files"] = dict(sorted(files.items()))
-    kit_model["measured"] = dict(measured)
+    # Plain scalars only (e.g. torch.__version__ is a str subclass that safe_dump refuses).
+    kit_model["measured"] = {k: str(v) if isinstance(v, str) else v for k, v in measured.items()}
     block = yaml.safe_dump({"kit_model": kit_model}, sort_keys=False, allow_unicode=True, width=110)
     new_text = replace_block(text, "kit_model", block)
     validated(yaml.safe_load(new_text), "model-preset", str(path))
