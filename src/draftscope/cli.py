@@ -265,7 +265,45 @@ def _namespace() -> Collection:
 
 ns = _namespace()
 
+# Tasks whose first positional argument takes several values (`invoke analyze A B --report R`). invoke's parser
+# gives a positional one value and reads the next word as a task name; these values are joined with commas first.
+VARIADIC = ("analyze",)
+
+
+def join_variadic(argv: list[str], namespace: Collection = ns) -> list[str]:
+    """Rewrite `analyze A B [--flag V] C` as `analyze A,B,C [--flag V]`; everything else passes unchanged."""
+    tasks = set(namespace.task_names) | {a for aliases in namespace.task_names.values() for a in aliases}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        out.append(word)
+        i += 1
+        if word not in VARIADIC:
+            continue
+        takes_value = {
+            (f"--{n}" if len(n) > 1 else f"-{n}").replace("_", "-")
+            for a in namespace[word].get_arguments()
+            if a.takes_value
+            for n in a.names
+        }
+        values, flags = [], []
+        while i < len(argv) and argv[i] not in tasks:
+            if argv[i].startswith("-"):
+                flags.append(argv[i])
+                if argv[i] in takes_value and i + 1 < len(argv):
+                    flags.append(argv[i + 1])
+                    i += 1
+            else:
+                values.append(argv[i])
+            i += 1
+        if values:
+            out.append(",".join(values))
+        out += flags
+    return out
+
 
 def main() -> None:
     """The `draftscope` console script: the same tasks, usable outside a checkout."""
-    Program(namespace=ns, version=__version__, name="draftscope", binary="draftscope").run()
+    program = Program(namespace=ns, version=__version__, name="draftscope", binary="draftscope")
+    program.run([sys.argv[0], *join_variadic(sys.argv[1:])])

@@ -190,3 +190,20 @@ def test_a_bad_preset_is_one_line_naming_file_key_and_fix(tmp_path, old, new, ne
     assert str(path) in line and "fix:" in line
     for needle in needles:
         assert needle in line
+
+
+def test_join_variadic_accepts_several_runs():
+    from draftscope.cli import join_variadic
+
+    assert join_variadic(["analyze", "A", "B", "--report", "R", "C"]) == ["analyze", "A,B,C", "--report", "R"]
+    assert join_variadic(["analyze", "A", "validate", "X"]) == ["analyze", "A", "validate", "X"]
+    assert join_variadic(["plan", "--json"]) == ["plan", "--json"]
+
+
+def test_analyze_two_runs_with_a_report_as_typed(tmp_path):
+    runs = ROOT / "research" / "evidence" / "tiny-cpu-aa" / "runs"
+    a, b = sorted(p for p in runs.iterdir() if p.is_dir())[:2]
+    result = run_invoke("analyze", str(a), str(b), "--report", str(tmp_path / "REP"), env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert a.name in result.stdout and b.name in result.stdout
+    assert (tmp_path / "REP" / "report.html").is_file() and len(list((tmp_path / "REP").glob("*.png"))) >= 3
