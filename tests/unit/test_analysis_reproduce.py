@@ -28,7 +28,7 @@ class Replay:
     def __init__(self, source: Path, change: tuple[str, int] | None = None):
         self.source, self.change, self.calls = source, change, []
 
-    def __call__(self, config, output, *, argv, say=print):
+    def __call__(self, config, output, *, argv, say=print, kind="benchmark", notes=()):
         from draftscope.config import to_dict
         from draftscope.rundir import InputFile, RunDir
 
@@ -37,7 +37,7 @@ class Replay:
         frozen["vllm"] = {k: v for k, v in frozen["vllm"].items() if v is not None}
         run = RunDir.create(
             output,
-            kind="benchmark",
+            kind=kind,
             config=frozen,
             argv=argv,
             inputs=[InputFile("prompts", Path(config.prompts))],

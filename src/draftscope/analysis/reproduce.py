@@ -143,7 +143,8 @@ def reproduce(
     )
     for path in (target, target.with_suffix(".png")):
         refuse_existing(path, "--comparison")  # before minutes of running, not after
-    manifest = run_benchmark(config, Path(output), argv=argv, say=say)
+    notes = [f"reproduction of {original.run_id}", *checks["notes"]]
+    manifest = run_benchmark(config, Path(output), argv=argv, say=say, kind="reproduce", notes=notes)
     if manifest["status"] != "completed":
         raise UserError(
             f"the reproduction ended '{manifest['status']}': {manifest.get('reason')}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +72,15 @@ def preflight(plan: Plan, runtime: Runtime) -> None:
 
 
 def run_benchmark(
-    config: ExperimentConfig, output: Path, *, argv: list[str], say: Printer = print
+    config: ExperimentConfig,
+    output: Path,
+    *,
+    argv: list[str],
+    say: Printer = print,
+    kind: str = "benchmark",
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """Run one benchmark into a new run directory; `kind="reproduce"` (with `notes`) marks a reproduction."""
     plan = plan_benchmark(config, str(output))
     runtime = get_runtime(config.runtime)
     preflight(plan, runtime)
@@ -81,7 +88,7 @@ def run_benchmark(
 
     run = RunDir.create(
         output,
-        kind="benchmark",
+        kind=kind,
         config=to_dict(config),
         argv=argv,
         inputs=[InputFile("prompts", Path(plan.prompts.path))],
@@ -92,6 +99,8 @@ def run_benchmark(
     try:
         images = _image_facts(plan, runtime, ctx)
         run.update(images=images)
+        for text in notes:
+            run.note(text)
         if os.environ.get(FAILPOINT):
             run.note(f"fault injection was active: {FAILPOINT}={os.environ[FAILPOINT]}")
         run.set_status("running")
