@@ -145,8 +145,17 @@ def test_plain_and_speculative_greedy_tokens_agree(runs, tmp_path):
 
 def test_reproduce_gives_identical_token_ids_and_a_valid_comparison(runs, tmp_path):
     new, comp = tmp_path / "A-again", tmp_path / "repro.json"
+    # From another directory: the frozen config and the copied prompts are all a reproduction needs.
     result = run_cli(
-        "reproduce", str(runs["A"]), "--output", str(new), "--comparison", str(comp), cwd=tmp_path
+        "--search-root",
+        str(ROOT),
+        "reproduce",
+        str(runs["A"]),
+        "--output",
+        str(new),
+        "--comparison",
+        str(comp),
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "image checks skipped" in result.stdout and "token ids identical" in result.stdout
