@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan test test-container test-contract test-all lint format clean
+.PHONY: setup plan bench-tiny test test-container test-contract test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,19 @@ $(VENV)/.installed: pyproject.toml
 # Set-up, then the default experiment plan: what would run, in which image, on which pinned weights.
 plan: setup
 	$(BIN)/invoke plan
+
+# The most complete job the kit runs end to end today, on the embedded default (until `make demo` exists):
+# set-up, then plain and speculative greedy benchmarks of the kit-built tiny models on the CPU, validated and
+# analysed. Each run lands in a fresh directory under runs/.
+STAMP := $(shell date -u +%Y%m%dT%H%M%SZ)
+bench-tiny: setup
+	$(BIN)/invoke tiny.build --check
+	$(BIN)/invoke benchmark --preset tiny --device cpu --runtime local --repeats 2 --max-new-tokens 64 --output runs/tiny-plain-$(STAMP)
+	$(BIN)/invoke benchmark --preset tiny --device cpu --runtime local --repeats 2 --max-new-tokens 64 --draft tiny --output runs/tiny-spec-$(STAMP)
+	$(BIN)/invoke validate runs/tiny-plain-$(STAMP)
+	$(BIN)/invoke validate runs/tiny-spec-$(STAMP)
+	$(BIN)/invoke analyze runs/tiny-plain-$(STAMP) runs/tiny-spec-$(STAMP) --report runs/tiny-report-$(STAMP)
+	$(BIN)/invoke compare runs/tiny-plain-$(STAMP) runs/tiny-spec-$(STAMP) --output runs/tiny-compare-$(STAMP).json
 
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # (The container and contract tiers have their own targets once they exist; gpu tests skip without CUDA.)
