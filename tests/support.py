@@ -23,3 +23,11 @@ def run_invoke(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, 
         timeout=timeout,
         check=False,
     )
+
+
+def tiny_benchmark(runtime: str = "local", *extra: str) -> list[str]:
+    """`invoke benchmark` arguments for the kit-built tiny models on the CPU (add --output and the rest)."""
+    return [
+        "benchmark", "--backend", "transformers", "--preset", "tiny", "--device", "cpu", "--runtime", runtime,
+        "--prompts", "examples/prompts.json", *extra,
+    ]  # fmt: skip

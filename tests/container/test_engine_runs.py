@@ -12,26 +12,11 @@ import time
 import pytest
 
 from containerlib import ROOT, docker
+from support import tiny_benchmark
 
 pytestmark = pytest.mark.container
 
-TINY = [
-    "benchmark",
-    "--backend",
-    "transformers",
-    "--preset",
-    "tiny",
-    "--device",
-    "cpu",
-    "--runtime",
-    "docker",
-    "--prompts",
-    "examples/prompts.json",
-    "--repeats",
-    "1",
-    "--max-new-tokens",
-    "24",
-]
+TINY = tiny_benchmark("docker", "--repeats", "1", "--max-new-tokens", "24")
 
 
 def invoke(*args: str, user: int | None = None, timeout: float = 900) -> subprocess.CompletedProcess:

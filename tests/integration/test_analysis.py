@@ -15,7 +15,7 @@ from PIL import Image
 from draftscope import schema
 from draftscope.errors import UserError
 
-from support import ROOT, run_invoke
+from support import ROOT, run_invoke, tiny_benchmark
 
 
 def _missing_assets() -> list[str]:
@@ -33,21 +33,7 @@ pytestmark = [
     pytest.mark.skipif(bool(MISSING), reason=f"tiny model files not in place: {'; '.join(MISSING)[:200]}"),
 ]
 
-TINY = [
-    "benchmark",
-    "--backend",
-    "transformers",
-    "--preset",
-    "tiny",
-    "--device",
-    "cpu",
-    "--runtime",
-    "local",
-    "--prompts",
-    "examples/prompts.json",
-    "--max-new-tokens",
-    "16",
-]
+TINY = tiny_benchmark("local", "--max-new-tokens", "16")
 LAUNCHER = (
     "import sys\n"
     "from invoke import Collection, Program\n"

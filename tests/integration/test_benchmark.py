@@ -5,23 +5,11 @@ import time
 
 import pytest
 
-from support import ROOT, run_invoke
+from support import ROOT, run_invoke, tiny_benchmark
 
 pytestmark = pytest.mark.integration
 
-TINY = [
-    "benchmark",
-    "--backend",
-    "transformers",
-    "--preset",
-    "tiny",
-    "--device",
-    "cpu",
-    "--runtime",
-    "local",
-    "--prompts",
-    "examples/prompts.json",
-]
+TINY = tiny_benchmark("local")
 
 
 def snapshot(folder):
