@@ -12,7 +12,6 @@ import difflib
 import json
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -140,7 +139,3 @@ def _describe(error: ValidationError) -> list[Problem]:
 def _short(value: Any, limit: int = 60) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def schema_file(name: str) -> Path:
-    return schemas_dir() / f"{name}.schema.json"

@@ -223,8 +223,6 @@ class _Progress:
             self._report()
 
     def _report(self) -> None:
-        import json
-
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines()
         except OSError:

@@ -60,9 +60,7 @@ class Runtime(Protocol):
 
     def argv(self, step: Step, ctx: Context) -> list[str]: ...
 
-    def run(
-        self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
-    ) -> Outcome: ...
+    def run(self, step: Step, ctx: Context) -> Outcome: ...
 
 
 def container_name(ctx: Context, step: str) -> str:

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +88,7 @@ class ContainerRuntime:
 
     # -- execution ---------------------------------------------------------------------------------------
 
-    def run(
-        self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
-    ) -> Outcome:
+    def run(self, step: Step, ctx: Context) -> Outcome:
         name = container_name(ctx, step.name)
         argv = self.argv(step, ctx)
         log = log_path(ctx, step)
@@ -108,8 +105,6 @@ class ContainerRuntime:
                         field="--runtime",
                         fix="install it, or use --runtime local for a CPU run",
                     ) from None
-                if on_start:
-                    on_start(name)
                 state, reason = supervise(
                     proc,
                     limit=step.time_limit_s,
@@ -150,10 +145,6 @@ class ContainerRuntime:
             return status, int(code)
         except ValueError:
             return status, None
-
-    def exists(self, name: str) -> bool:
-        result = self._quiet("ps", "--all", "--quiet", "--filter", f"name=^{name}$")
-        return bool(result.stdout.strip())
 
     def image_facts(self, image: str) -> dict[str, Any]:
         """The image's reference, Id and RepoDigests (locally built images have none), for the manifest."""

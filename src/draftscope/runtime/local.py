@@ -54,9 +54,7 @@ class LocalRuntime:
         base["PYTHONUNBUFFERED"] = "1"
         return base
 
-    def run(
-        self, step: Step, ctx: Context, *, on_start: Callable[[str | None], None] | None = None
-    ) -> Outcome:
+    def run(self, step: Step, ctx: Context) -> Outcome:
         log = log_path(ctx, step)
         started = time.monotonic()
         with log.open("ab") as out:
@@ -69,8 +67,6 @@ class LocalRuntime:
                 env=self.env(step, ctx),
                 start_new_session=True,
             )
-            if on_start:
-                on_start(None)
 
             def stop() -> None:
                 _signal_group(proc, signal.SIGTERM)
