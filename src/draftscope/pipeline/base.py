@@ -302,6 +302,8 @@ def check_ports_free(instances: Sequence[ResolvedInstance], where: str, host: st
 
     for inst in instances:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As servers bind: connections of an earlier run in TIME_WAIT do not make the port busy.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, inst.port))
             except OSError:

@@ -23,6 +23,7 @@ DEFAULT_DRAFT = "dflash"
 DEFAULT_PRESET = "qwen38-27b"
 SCHEMA = "pipeline-config"
 PIPELINE_PRESETS = "pipelines"
+TINY_CHAT = "examples/chat.jsonl"
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ class DataOptions:
 class RegenOptions:
     instances: tuple[Instance, ...] = ()
     base_port: int = 8100
-    max_tokens: int = 2048
+    max_tokens: int | None = None  # default: min(2048, seq_length // 2) of the preset
+    startup_timeout_s: float = 1800.0
     temperature: float = 0.0  # greedy: regenerated data is reproducible from the pinned target
     concurrency: int = 16
     max_retries: int = 5
@@ -225,9 +227,13 @@ def load_pipeline_config(
     data.setdefault("draft", DEFAULT_DRAFT)
     data.setdefault("model_preset", DEFAULT_PRESET)
     data.setdefault("name", f"{data['model_preset']}-{data['draft']}")
+    kit = isinstance(data["model_preset"], str) and load_model_preset(data["model_preset"]).source == "kit"
     if "device" not in data and isinstance(data["model_preset"], str):
         # The kit-built tiny models are the CPU path (DESIGN.md); every hub preset needs an NVIDIA GPU.
-        data["device"] = "cpu" if load_model_preset(data["model_preset"]).source == "kit" else "cuda"
+        data["device"] = "cpu" if kit else "cuda"
+    if kit and isinstance(data.get("data", {}), dict) and data.get("data", {}).get("chat") is None:
+        # The tiny path's own chat rows (examples/chat.jsonl, 64 requests) so that it runs with no input at all.
+        data = deep_merge(data, {"data": {"chat": TINY_CHAT}})
     if flags or overrides:
         source = f"{source} (with overrides)"
     validated(data, SCHEMA, source)

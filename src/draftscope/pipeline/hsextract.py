@@ -97,6 +97,7 @@ def argv(ctx: StageContext) -> list[str]:
     if uses_vllm(ctx):
         return kit_argv(ctx, NAME, "hsextract", [
             "--commands", ctx.layout.at("stages", "hsextract.commands.json"), *common,
+            "--hidden-size", str(ctx.preset.architecture.hidden_size),
         ])  # fmt: skip
     return kit_argv(ctx, NAME, "hsextract-transformers", [
         "--model", ctx.layout.model, *common, "--dtype", ctx.config.train.hidden_states_dtype,

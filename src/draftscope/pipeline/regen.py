@@ -34,6 +34,12 @@ def max_model_len(ctx: StageContext) -> int:
     return ctx.config.regen.max_model_len or ctx.preset.training.seq_length
 
 
+def max_tokens(ctx: StageContext) -> int:
+    """New tokens per reply: the configured value, else half the training sequence (at most 2048), so that the
+    prompt and the reply fit a training row."""
+    return ctx.config.regen.max_tokens or min(2048, max(1, ctx.preset.training.seq_length // 2))
+
+
 def server_command(ctx: StageContext, inst) -> Command:
     """One target server: `vllm serve` on the instance's GPUs (the kit's loopback server for the CPU tiny path)."""
     opts = ctx.config.regen
@@ -75,12 +81,13 @@ def argv(ctx: StageContext) -> list[str]:
         "--input", input_rows(ctx),
         "--output-dir", ctx.layout.at("regen"),
         "--model", SERVED_NAME,
-        "--max-tokens", str(opts.max_tokens),
+        "--max-tokens", str(max_tokens(ctx)),
         "--temperature", str(opts.temperature),
         "--seed", str(ctx.config.seed),
         "--concurrency", str(opts.concurrency),
         "--max-retries", str(opts.max_retries),
         "--request-timeout", str(opts.request_timeout_s),
+        "--startup-timeout", str(opts.startup_timeout_s),
     ])  # fmt: skip
     if ctx.config.data.max_rows:
         out += ["--max-rows", str(ctx.config.data.max_rows)]

@@ -1,0 +1,105 @@
+"""The hsextract stage's in-container part for real presets: vLLM servers, speculators clients, a checked summary.
+
+The commands file lists, per instance, a server (speculators' `launch_vllm.py`, which starts vLLM with the hidden-
+state extraction method) and a client (`speculators generate-offline-data --world-size N --rank i`). This starts the
+servers, waits for vLLM's `/health`, runs the clients side by side (a server dying fails the stage at once), and
+then checks the output folder itself rather than trusting exit codes: every row of the prepared dataset has its
+`hs_<row>.safetensors`, and a sample of files has the captured layer count and the target's hidden size.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from draftscope.errors import MissingDependency, UserError
+
+SAMPLED_FILES = 8
+SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--commands", required=True)
+    p.add_argument("--data", required=True, help="the prepared dataset (speculators prepare-data output)")
+    p.add_argument("--output", required=True)
+    p.add_argument("--summary", required=True)
+    p.add_argument("--layer-ids", type=int, nargs="+", required=True)
+    p.add_argument("--hidden-size", type=int, default=None, help="checked against the files when given")
+    p.add_argument("--startup-timeout", type=float, default=1800.0)
+    p.add_argument("--logs", default=None)
+
+
+def dataset_rows(path: Path) -> int:
+    try:
+        from datasets import load_from_disk
+    except ImportError as exc:
+        raise MissingDependency(exc.name or "datasets", image="train") from None
+    return len(load_from_disk(str(path)))
+
+
+def check_files(
+    output: Path, rows: int, layer_ids: list[int], hidden_size: int | None
+) -> tuple[int, int, str]:
+    """(files, hidden size, dtype) after checking: no row without its file, and sampled files' shapes."""
+    from safetensors import safe_open
+
+    absent = [r for r in range(rows) if not (output / f"hs_{r}.safetensors").is_file()]
+    if absent:
+        shown = ", ".join(map(str, absent[:10]))
+        raise UserError(f"{len(absent)} row(s) have no hidden-state file (rows {shown})", source=str(output),
+                        fix="rerun the stage; the clients skip rows whose file exists")  # fmt: skip
+    step = max(1, rows // SAMPLED_FILES)
+    size, dtype = hidden_size or 0, ""
+    for row in range(0, rows, step):
+        path = output / f"hs_{row}.safetensors"
+        with safe_open(str(path), framework="pt") as handle:
+            keys = set(handle.keys())
+            if not {"token_ids", "hidden_states"} <= keys:
+                raise UserError(
+                    f"keys {sorted(keys)}; expected token_ids and hidden_states", source=str(path)
+                )
+            states = handle.get_slice("hidden_states")
+            shape = states.get_shape()
+            dtype = SAFETENSORS_DTYPES.get(str(states.get_dtype()), str(states.get_dtype()))
+            tokens = handle.get_slice("token_ids").get_shape()[0]
+        if len(shape) != 3 or shape[0] != tokens or shape[1] != len(layer_ids):
+            raise UserError(f"hidden_states shape {shape}; expected [{tokens}, {len(layer_ids)}, H]",
+                            source=str(path))  # fmt: skip
+        if size and shape[2] != size:
+            raise UserError(f"hidden size {shape[2]}, expected {size}", source=str(path), field="hidden_size")
+        size = shape[2]
+    return len(list(output.glob("hs_*.safetensors"))), size, dtype
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    from draftscope.jsonio import atomic_write_json
+    from draftscope.pipeline.servers import clients_of, load_commands, run_clients, serving
+    from draftscope.schema import check
+
+    commands = load_commands(args.commands)
+    logs = Path(args.logs) if args.logs else Path(args.commands).parent.parent / "logs"
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    rows = dataset_rows(Path(args.data))
+    before = len(list(output.glob("hs_*.safetensors")))
+    with serving(commands, logs=logs, stage="hsextract", startup_timeout=args.startup_timeout) as group:
+        codes = run_clients(commands, logs=logs, stage="hsextract", group=group)
+    failed = {name: code for name, code in codes.items() if code != 0}
+    if failed:
+        name, code = next(iter(failed.items()))
+        raise UserError(f"{len(failed)} of {len(clients_of(commands))} client(s) failed ({name}: exit {code})",
+                        fix=f"read logs/hsextract.{name}.log; a rerun resumes")  # fmt: skip
+    files, hidden, dtype = check_files(output, rows, args.layer_ids, args.hidden_size)
+    summary = {
+        "schema_version": 1,
+        "rows": rows,
+        "files": files,
+        "layer_ids": list(args.layer_ids),
+        "hidden_size": hidden,
+        "extractor": "vllm",
+        "dtype": dtype,
+    }
+    check(summary, "stage-hsextract", args.summary)
+    atomic_write_json(Path(args.summary), summary)
+    return {"rows": rows, "files": files, "written": files - before, "skipped": before}
