@@ -105,3 +105,18 @@ class Release:
     @functools.cache  # noqa: B019 -- a Release lives for a test session; the cache is the point
     def tree(self, module: str) -> ast.Module:
         return ast.parse(self.source(module), filename=self.path_of(module))
+
+
+# The pinned SGLang release (images/sglang/requirements.in); 0.5.23 ships only manylinux_2_34 wheels.
+SGLANG_VERSION = "0.5.23"
+SGLANG_PLATFORM = "manylinux_2_34_x86_64"
+
+
+def pinned_release(name: str, version: str, *, platform: str | None = None) -> Release:
+    """The pinned wheel for a test fixture: the test fails (never skips) when it cannot be had."""
+    import pytest
+
+    try:
+        return Release(release_wheel(name, version, platform=platform))
+    except ReleaseUnavailable as exc:
+        pytest.fail(str(exc))

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from releases import Release, ReleaseUnavailable, release_wheel
+from releases import SGLANG_PLATFORM, SGLANG_VERSION, Release, pinned_release
 
 from draftscope.pipeline import convert as C
 from draftscope.pipeline import plan as planning
@@ -28,16 +28,12 @@ from draftscope.presets import model_preset_names
 
 pytestmark = pytest.mark.contract
 
-VERSION = "0.5.23"  # images/sglang/requirements.in
-PLATFORM = "manylinux_2_34_x86_64"  # sglang 0.5.23 ships only these
+VERSION = SGLANG_VERSION
 
 
 @pytest.fixture(scope="module")
 def sglang() -> Release:
-    try:
-        return Release(release_wheel("sglang", VERSION, platform=PLATFORM))
-    except ReleaseUnavailable as exc:
-        pytest.fail(str(exc))
+    return pinned_release("sglang", VERSION, platform=SGLANG_PLATFORM)
 
 
 def test_the_wheel_is_the_pinned_release(sglang):

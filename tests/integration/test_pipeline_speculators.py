@@ -118,3 +118,35 @@ def test_hidden_states_load_through_speculators_dataset(setup, tmp_path):
     length = item["input_ids"].shape[0]
     assert tuple(item["hidden_states"].shape) == (length, 2 * 64)  # the two auxiliary layers, concatenated
     assert tuple(item["verifier_last_hidden_states"].shape) == (length, 64)
+
+
+TINY_STAGES = "regen,pretokenize,prepare,hsextract,train,convert"
+
+
+def test_tiny_preset_end_to_end_with_no_input_then_every_stage_skips(tmp_path):
+    """The acceptance run: the kit-built tiny target regenerates the example chat rows behind its loopback server,
+    then pretokenize → prepare → hsextract → train (real speculators, CPU shim) → convert, with no option at all."""
+    import time
+
+    workdir = tmp_path / "w"
+    args = ["pipeline", "--preset", "tiny", "--runtime", "local", "--stage", TINY_STAGES, "--workdir", str(workdir)]
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], capture_output=True, text=True,
+                            timeout=900, check=False)  # fmt: skip
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert seconds < 15 * 60
+    for stage in TINY_STAGES.split(","):
+        record = read_json(workdir / "stages" / f"{stage}.json")
+        assert record["status"] == "completed" and problems(record, "stage-record") == [], stage
+    regen = read_json(workdir / "regen" / "summary.json")
+    assert regen["input"] == regen["ok"] == 64 and regen["missing"] == []
+    pretokenized = read_json(workdir / "stages" / "pretokenize.json")
+    assert any(i["path"].endswith("regen/rows.jsonl") for i in pretokenized["inputs"])  # regen's rows, not data.chat
+    assert read_json(workdir / "hsextract" / "summary.json")["files"] == pretokenized["counts"]["rows"]
+    converted = read_json(workdir / "draft" / "config.json")
+    assert converted["dflash_config"]["target_layer_ids"] == [0, 1] and converted["dflash_config"]["mask_token_id"] == 3
+    assert problems(read_json(workdir / "draft" / "draftscope-convert.json"), "stage-convert") == []
+    again = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], capture_output=True, text=True,
+                           timeout=300, check=False)  # fmt: skip
+    assert again.returncode == 0 and again.stdout.count(": skipped") == len(TINY_STAGES.split(","))

@@ -7,7 +7,9 @@ completion record. Heavy libraries are imported lazily inside the command that n
 - `exec STAGE -- ARGV…`: run an upstream command (speculators prepare-data, torchrun …) unchanged, forwarding
   SIGTERM/SIGINT to it, and record how it ended.
 - `pretokenize`, `convert`, `hsextract-transformers`: the kit's own stage code.
-- `regen`, `hsextract`, `serve`, `bench`: start the servers listed in the stage's commands file, then the clients.
+- `regen`, `hsextract`, `serve`, `bench`: start the servers listed in the stage's commands file (`servers.py`), wait
+  for their health, run the clients, stop the servers.
+- `tinyserve`: the tiny target behind a loopback OpenAI-compatible chat endpoint (the CPU path's regen server).
 """
 
 from __future__ import annotations
@@ -93,16 +95,6 @@ def _kit(
     return run
 
 
-def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        raise UserError(
-            f"the in-container '{name}' runner is not built yet; its plan and commands are final",
-            fix="see `invoke pipeline --stage " + name + " --dry-run` for the exact commands",
-        )
-
-    return run
-
-
 def parser() -> argparse.ArgumentParser:
     from draftscope.pipeline import convert, pretokenize
 
@@ -133,9 +125,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", required=True)
     p.add_argument("--layer-ids", type=int, nargs="+", required=True)
     p.add_argument("--dtype", default="float32")
-    for name in ("regen", "hsextract", "serve", "bench", "tinyserve"):
-        p = command(name, _not_built(name), f"{name} (servers + clients)")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
+    from draftscope.pipeline import hsextract_runner, regen_client, sglang_stages, tinyserve
+
+    regen_client.add_arguments(
+        command("regen", _kit("regen", regen_client.main), "target servers + regen client")
+    )
+    hsextract_runner.add_arguments(
+        command("hsextract", _kit("hsextract", hsextract_runner.main), "vLLM hidden-state servers + clients")
+    )
+    sglang_stages.add_serve_arguments(
+        command("serve", _kit("serve", sglang_stages.serve_main), "SGLang instances")
+    )
+    sglang_stages.add_bench_arguments(
+        command("bench", _kit("bench", sglang_stages.bench_main), "acceptance on SGLang instances")
+    )
+    p = sub.add_parser("tinyserve", help="the tiny target behind an OpenAI-compatible chat endpoint (CPU)")
+    tinyserve.add_arguments(p)
+    p.set_defaults(run=tinyserve.main)
     return root
 
 

@@ -101,5 +101,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": dtype,
     }
     check(summary, "stage-hsextract", args.summary)
+    Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(args.summary), summary)
     return {"rows": rows, "files": files, "written": files - before, "skipped": before}

@@ -14,6 +14,7 @@ servers go with the client. HTTP is plain `urllib` on loopback: no client librar
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -113,7 +114,7 @@ def request(method: str, url: str, body: Any = None, *, timeout: float = 30.0) -
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read() or b""
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise HttpError(f"{method} {url}: {reason}") from None
 
