@@ -129,7 +129,17 @@ def test_tiny_preset_end_to_end_with_no_input_then_every_stage_skips(tmp_path):
     import time
 
     workdir = tmp_path / "w"
-    args = ["pipeline", "--preset", "tiny", "--runtime", "local", "--stage", TINY_STAGES, "--workdir", str(workdir)]
+    args = [
+        "pipeline",
+        "--preset",
+        "tiny",
+        "--runtime",
+        "local",
+        "--stage",
+        TINY_STAGES,
+        "--workdir",
+        str(workdir),
+    ]
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], capture_output=True, text=True,
                             timeout=900, check=False)  # fmt: skip
@@ -142,10 +152,15 @@ def test_tiny_preset_end_to_end_with_no_input_then_every_stage_skips(tmp_path):
     regen = read_json(workdir / "regen" / "summary.json")
     assert regen["input"] == regen["ok"] == 64 and regen["missing"] == []
     pretokenized = read_json(workdir / "stages" / "pretokenize.json")
-    assert any(i["path"].endswith("regen/rows.jsonl") for i in pretokenized["inputs"])  # regen's rows, not data.chat
+    assert any(
+        i["path"].endswith("regen/rows.jsonl") for i in pretokenized["inputs"]
+    )  # regen's rows, not data.chat
     assert read_json(workdir / "hsextract" / "summary.json")["files"] == pretokenized["counts"]["rows"]
     converted = read_json(workdir / "draft" / "config.json")
-    assert converted["dflash_config"]["target_layer_ids"] == [0, 1] and converted["dflash_config"]["mask_token_id"] == 3
+    assert (
+        converted["dflash_config"]["target_layer_ids"] == [0, 1]
+        and converted["dflash_config"]["mask_token_id"] == 3
+    )
     assert problems(read_json(workdir / "draft" / "draftscope-convert.json"), "stage-convert") == []
     again = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], capture_output=True, text=True,
                            timeout=300, check=False)  # fmt: skip
