@@ -134,12 +134,31 @@ def test_a_missing_input_is_refused_before_the_stage_starts(setup, tmp_path):
     assert "needs checkpoints" in result.stderr and result.stderr.strip().count("\n") == 0
 
 
-def test_stages_without_a_runner_here_are_refused_up_front(setup, tmp_path):
+def test_gpu_stages_and_missing_stage_inputs_are_refused_before_anything_is_written(setup, tmp_path):
     env = {**os.environ, "DRAFTSCOPE_PRESETS": str(setup / "presets")}
     result = subprocess.run(
         [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "small", "--runtime", "local",
          "--workdir", str(tmp_path / "w"), "--stage", "serve", "--opts", f"model_path={setup / 'model'}"],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    assert result.returncode == 2 and "serve" in result.stderr
+    assert result.returncode == 2 and "stage serve needs draft config" in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert not (tmp_path / "w").exists()
+    from draftscope.pipeline.runner import gpus_present
+
+    if gpus_present():
+        return  # the rest checks the refusal on a machine without a GPU
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "draft").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "d" / "draft" / name).write_text("{}")
+    before = sorted(p.name for p in (tmp_path / "d").rglob("*"))
+    result = subprocess.run(
+        [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "small", "--runtime", "local",
+         "--workdir", str(tmp_path / "d"), "--stage", "serve", "--opts", f"model_path={setup / 'model'}"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (
+        result.returncode == 2 and "stage serve needs an NVIDIA GPU" in result.stderr
+    )  # no GPU on CI machines
+    assert sorted(p.name for p in (tmp_path / "d").rglob("*")) == before

@@ -71,7 +71,23 @@ def fetch_step(plan: PipelinePlan) -> Step | None:
     )
 
 
-def preflight(plan: PipelinePlan, runtime: Runtime) -> None:
+def _produced_by_earlier(path: Path, produced: list[Path]) -> bool:
+    return any(path == p or p in path.parents or path in p.parents for p in produced)
+
+
+def gpus_present() -> bool:
+    from draftscope.doctor import gpus_from_nvidia_smi, gpus_from_nvml
+
+    try:
+        found = gpus_from_nvml()
+    except Exception:  # NVML missing or broken: ask nvidia-smi
+        found = None
+    return bool(found if found is not None else gpus_from_nvidia_smi())
+
+
+def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) -> None:
+    """Everything that can be refused before anything is written: unpinned targets, missing inputs (external,
+    or produced by a stage that is neither selected nor completed), GPU stages without a GPU, missing images."""
     ctx = plan.context
     preset = plan.preset
     if preset.hub is not None and plan.config.model_path is None:
@@ -94,6 +110,25 @@ def preflight(plan: PipelinePlan, runtime: Runtime) -> None:
                 field="data.chat",
                 fix="add --opts data.chat=PATH.jsonl or set data.chat in the run config",
             )
+    produced: list[Path] = []
+    for sp in plan.stages:
+        for artifact in sp.inputs:
+            if artifact.name in ctx.inputs or not artifact.required:
+                continue
+            if not _produced_by_earlier(artifact.path, produced) and not artifact.path.exists():
+                raise UserError(
+                    f"stage {sp.stage.name} needs {artifact.name} at {artifact.path}, which does not exist",
+                    field="--stage",
+                    fix="run the stage that produces it first (or --stage all)",
+                )
+        produced += [a.path for a in sp.outputs]
+    gpu_stages = [sp.stage.name for sp in plan.stages if sp.stage.uses_gpu]
+    if check_gpus and not ctx.cpu and gpu_stages and not gpus_present():
+        raise UserError(
+            f"stage {gpu_stages[0]} needs an NVIDIA GPU (device: cuda) and none was found",
+            field="device",
+            fix="run on a GPU host (invoke doctor), or use the tiny preset (device cpu) on a CPU",
+        )
     used = {a.name for sp in plan.stages for a in sp.inputs}
     for name, path in ctx.inputs.items():
         if name in used and not path.is_file():
