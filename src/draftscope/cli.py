@@ -110,6 +110,9 @@ BACKEND_EXPERIMENTS = {"transformers": "transformers-baseline", "vllm": "vllm-in
         "runtime": "docker, podman or local",
         "opts": "override any config field, key=value (repeatable)",
         "dry_run": "print the container command(s) and stop; creates nothing",
+        "head": "Transformers + draft: the target head, dense (default), rowwise or prefix (certified, exact)",
+        "head_shadow": "with --head: also run the dense head every step and count disagreements (must be 0)",
+        "capture_head": "record the first N verification calls for invoke head-study",
     },
 )
 @user_errors
@@ -137,6 +140,9 @@ def benchmark(
     runtime=None,
     opts=None,
     dry_run=False,
+    head=None,
+    head_shadow=False,
+    capture_head=None,
 ):
     """Run a bounded, auditable greedy benchmark in its image (or locally) into a new run directory."""
     from pathlib import Path
@@ -169,6 +175,10 @@ def benchmark(
         "int4_dflash": True if int4_dflash else None,
         "experimental_prefix": True if experimental_prefix else None,
     }
+    head_overrides = {"policy": head, "shadow": True if head_shadow else None,
+                      "capture": _int(capture_head, "--capture-head")}  # fmt: skip
+    if any(v is not None for v in head_overrides.values()):
+        overrides["head"] = {k: v for k, v in head_overrides.items() if v is not None}
     config = load_experiment(name, overrides, opts or ())
     if dry_run:
         target = Path(output or f"runs/{config.name}-<timestamp>")
@@ -254,11 +264,12 @@ def _namespace() -> Collection:
     root = Collection(plan, presets, benchmark, bench_overhead, validate, doctor, version, *ANALYSIS_TASKS)
     root.add_collection(ns_evidence, name="evidence")
     root.add_collection(ns_tiny, name="tiny")
+    from draftscope.cli_head import HEAD_TASKS
     from draftscope.cli_images import ns_images
     from draftscope.cli_pipeline import PIPELINE_TASKS
 
     root.add_collection(ns_images, name="images")
-    for t in PIPELINE_TASKS:
+    for t in (*PIPELINE_TASKS, *HEAD_TASKS):
         root.add_task(t)
     return root
 

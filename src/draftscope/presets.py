@@ -163,6 +163,17 @@ class VllmOptions:
 
 
 @dataclass(frozen=True)
+class HeadOptions:
+    """The target head in the kit's speculative loop (Transformers backend; HEAD.md)."""
+
+    policy: Literal["dense", "rowwise", "prefix"] = "dense"
+    k: int = 64  # candidates refined per row beyond the top 2
+    group_size: int | None = None  # INT8 scale groups; None = one scale per row
+    shadow: bool = False  # also run the dense head every step and count disagreements (must be 0)
+    capture: int = 0  # record the first N verification calls for `invoke head-study`
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """One benchmark configuration. Defaults are the kit's; presets and the command line override them."""
 
@@ -190,9 +201,18 @@ class ExperimentConfig:
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     seed: int = 0
     vllm: VllmOptions = field(default_factory=VllmOptions)
+    head: HeadOptions = field(default_factory=HeadOptions)
 
     def __post_init__(self) -> None:
         # Cross-field rules the schema cannot state; each names the field and the fix.
+        head_used = self.head.policy != "dense" or self.head.shadow or self.head.capture
+        if head_used and (self.backend != "transformers" or self.draft is None):
+            raise UserError(
+                "the certified head runs in the kit's own speculative loop: Transformers backend with a draft",
+                field="head.policy",
+                value=self.head.policy,
+                fix="add --backend transformers --draft …, or use --experimental-prefix for vLLM",
+            )
         if self.int4_dflash and self.backend != "vllm":
             raise UserError(
                 "int4_dflash needs the vLLM backend",

@@ -30,9 +30,10 @@ try:
 except ImportError as exc:  # the host side never imports this module; the transformers image has both
     raise MissingDependency(exc.name or "torch", extra="local", image="transformers") from None
 
-# (logits rows [n, vocab], draft tokens [n - 1]) -> the target's token for every row [n]. The prefix-conditioned
-# head (HEAD.md) replaces the dense argmax here; it sees the draft tokens so that it can stop certifying rows
-# after the first mismatch.
+# (logits rows [n, vocab], draft tokens [n - 1]) -> the target's token for every row [n]. A head with
+# `needs_hidden = True` (draftscope.head.runtime.CertifiedHead, HEAD.md) gets the hidden rows instead, the draft
+# tokens, and a callable for the model's own dense head: it certifies rows from a coarse INT8 pass and runs the
+# dense head only when it must.
 Head = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Clock = Callable[[], float]
 
@@ -45,6 +46,7 @@ class Generation:
     finish_reason: str  # "eos" | "length" | "fixed_tokens"
     acceptance_lengths: list[int] | None = None  # speculative only: tokens emitted per verification step
     draft_tokens_per_step: int | None = None
+    extra: dict[str, Any] | None = None  # backend-specific, into the record's `extra`
 
     @property
     def target_calls(self) -> int | None:
@@ -69,7 +71,10 @@ def verify(rows: torch.Tensor, draft_tokens: torch.Tensor, head: Head | None = N
             f"{rows.shape[0]} logits rows for {draft_tokens.shape[0]} draft tokens; need one more"
         )
     predicted = (head or dense_head)(rows, draft_tokens).tolist()  # one device sync per step
-    proposals = draft_tokens.tolist()
+    return _verify_tokens(predicted, draft_tokens.tolist())
+
+
+def _verify_tokens(predicted: Sequence[int], proposals: Sequence[int]) -> tuple[int, int]:
     accepted = 0
     while accepted < len(proposals) and proposals[accepted] == predicted[accepted]:
         accepted += 1
@@ -155,13 +160,15 @@ def speculative_generate(
                 proposals.append(int(logits[-1].argmax()))
                 pending = proposals[-1:]
             # The draft cache now holds committed + proposals[:-1]; the target sees all proposals at once.
-            rows = _forward(
-                target, committed[target_len:] + proposals, target_cache, rows=n_draft + 1, device=device
-            )
+            draft_ids = torch.tensor(proposals, dtype=torch.long, device=device)
+            fresh = committed[target_len:] + proposals
+            if getattr(head, "needs_hidden", False):
+                hidden, dense = _forward_hidden(target, fresh, target_cache, rows=n_draft + 1, device=device)
+                accepted, next_token = _verify_tokens(head(hidden, draft_ids, dense).tolist(), proposals)
+            else:
+                rows = _forward(target, fresh, target_cache, rows=n_draft + 1, device=device)
+                accepted, next_token = verify(rows, draft_ids, head)
             target_len = len(committed) + n_draft
-            accepted, next_token = verify(
-                rows, torch.tensor(proposals, dtype=torch.long, device=device), head
-            )
             emitted = [*proposals[:accepted], next_token]
             if not ignore_eos:
                 stop = next((i for i, t in enumerate(emitted) if t in eos), None)
@@ -190,6 +197,19 @@ def _forward(
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
     out = model(input_ids=ids, use_cache=True, logits_to_keep=rows, **{_cache_kwarg(model): cache})
     return out.logits[0, -rows:]
+
+
+def _forward_hidden(
+    model: Any, token_ids: list[int], cache: Any, *, rows: int, device: torch.device
+) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
+    """The decoder's last hidden states for the last `rows` positions [rows, hidden], and a callable that runs the
+    model's own head on them exactly as `_forward` does (same op, same [1, rows, hidden] shape), so a fallback to
+    the dense head reproduces a dense run's logits bit for bit."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+    out = body(input_ids=ids, use_cache=True, **{_cache_kwarg(body): cache})
+    last = out.last_hidden_state[:, -rows:, :]
+    return last[0], lambda: model.lm_head(last)[0]
 
 
 @functools.cache

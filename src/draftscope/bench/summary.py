@@ -71,7 +71,17 @@ def summarize(
         "quality_accepted": None,
         "overall": _stats(records),
         "per_prompt": {pid: _stats(rows) for pid, rows in by_prompt.items()},
+        **({"head": head} if (head := head_totals(records)) else {}),
     }
+
+
+def head_totals(records: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+    """The certified head's counters summed over the records (None when the run used no certified head)."""
+    totals: dict[str, int] = {}
+    for r in records:
+        for name, value in ((r.get("extra") or {}).get("head") or {}).items():
+            totals[name] = totals.get(name, 0) + int(value)
+    return totals or None
 
 
 def read_records(run_dir) -> list[dict[str, Any]]:

@@ -163,6 +163,10 @@ def _finish(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str, Any]:
             "warmup_seconds": facts.get("warmup_seconds"),
             "worker_phase": facts.get("phase"),
         }
+        if plan.experiment.experimental_prefix:
+            from draftscope.head.vllm_switch import read_status
+
+            software["prefix_head"] = read_status(run.path)
         run.update(hardware=facts.get("hardware"), software=software)
     records = read_records(run.path)
     prompt_ids = [p["id"] for p in read_json(Path(plan.prompts.path))["prompts"]]

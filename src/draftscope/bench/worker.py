@@ -138,6 +138,8 @@ def run(run_dir: Path) -> int:
                 run.append_record(out, record)
                 written += 1
                 _failpoint(written)
+    if hasattr(backend, "finish"):
+        backend.finish(run_dir)
     facts.update(phase="done", total_seconds=time.perf_counter() - started)
     atomic_write_json(run_dir / WORKER_FACTS, facts)
     return 0

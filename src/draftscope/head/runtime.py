@@ -157,3 +157,23 @@ class CertifiedHead:
         counts = self.counters.read()
         return {"policy": self.policy, "k": self.k, "shadow": self.shadow, **counts,
                 "seconds": {k: round(v, 6) for k, v in self.seconds.items()}}  # fmt: skip
+
+
+def check_dense_head(model: Any) -> None:
+    """The exactness preconditions on the model's head (HEAD.md): a plain linear map — no bias, no logit soft-cap
+    or scale. A model that breaks one is refused with the reason, never run with a head that would not be exact."""
+    from draftscope.errors import UserError
+
+    head = getattr(model, "lm_head", None)
+    if head is None or getattr(head, "weight", None) is None:
+        raise UserError("the target has no lm_head weight to certify", field="head.policy",
+                        fix="use --head dense for this model")  # fmt: skip
+    if getattr(head, "bias", None) is not None:
+        raise UserError("the target's head has a bias; the bounds assume none", field="head.policy",
+                        fix="use --head dense for this model")  # fmt: skip
+    config = getattr(model, "config", None)
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
+        value = getattr(config, name, None)
+        if value not in (None, 0, 1, 1.0):
+            raise UserError(f"the target scales or caps its logits ({name}={value}); the bounds assume neither",
+                            field="head.policy", fix="use --head dense for this model")  # fmt: skip

@@ -59,6 +59,16 @@ class TransformersBackend:
             else:
                 _, self.draft = _from_hub(config.draft, config.draft_revision, device, dtype)
         self.eos = _eos_ids(self.tokenizer, self.model)
+        self.head = self.capture = None
+        head = config.head
+        if self.draft is not None and (head.policy != "dense" or head.shadow or head.capture):
+            from draftscope.head.runtime import Capture, CertifiedHead, check_dense_head
+
+            check_dense_head(self.model)
+            self.capture = Capture(head.capture) if head.capture else None
+            self.head = CertifiedHead(self.model.lm_head.weight, policy=head.policy, k=head.k,
+                                      group_size=head.group_size, out_dtype=dtype, shadow=head.shadow,
+                                      capture=self.capture)  # fmt: skip
         self.facts = {
             "backend": self.name,
             "device": device,
@@ -68,7 +78,11 @@ class TransformersBackend:
             "draft_tokens": config.draft_tokens if self.draft is not None else None,
             "timing_source": TIMING_SOURCE,
             "capability": list(capability) if capability else None,
-        }
+            "head": None if self.head is None else {
+                "policy": head.policy, "k": head.k, "group_size": head.group_size, "shadow": head.shadow,
+                "capture": head.capture, "int8_bytes": self.head.quantized.bytes_int8 if self.head.quantized else 0,
+            },
+        }  # fmt: skip
         self.config = config
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
@@ -90,9 +104,24 @@ class TransformersBackend:
         }
         if self.draft is None:
             return decode.greedy_generate(self.model, input_ids, **kwargs)
-        return decode.speculative_generate(
-            self.model, self.draft, input_ids, k=self.config.draft_tokens, **kwargs
+        if self.head is None:
+            return decode.speculative_generate(
+                self.model, self.draft, input_ids, k=self.config.draft_tokens, **kwargs
+            )
+        before = self.head.counters.read()
+        gen = decode.speculative_generate(
+            self.model, self.draft, input_ids, k=self.config.draft_tokens, head=self.head, **kwargs
         )
+        after = self.head.counters.read()  # once per request; within it the counters stay on the device
+        gen.extra = {"head": {name: after[name] - before[name] for name in after}}
+        return gen
+
+    def finish(self, run_dir) -> None:
+        """Write the captured verification calls (`--capture-head N`) for `invoke head-study`."""
+        if self.capture is not None and self.capture.calls:
+            from draftscope.head.capture import write_capture
+
+            write_capture(run_dir, self.capture, self.model.lm_head.weight.dtype)
 
     def synchronize(self) -> None:
         torch = need("torch")
