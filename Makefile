@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan bench-tiny test test-container test-contract test-all lint format clean
+.PHONY: setup plan train-env demo test test-container test-contract test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -25,15 +25,23 @@ plan: setup
 # The most complete job the kit runs end to end today, on the embedded default (until `make demo` exists):
 # set-up, then plain and speculative greedy benchmarks of the kit-built tiny models on the CPU, validated and
 # analysed. Each run lands in a fresh directory under runs/.
-STAMP := $(shell date -u +%Y%m%dT%H%M%SZ)
-bench-tiny: setup
-	$(BIN)/invoke tiny.build --check
-	$(BIN)/invoke benchmark --preset tiny --device cpu --runtime local --repeats 2 --max-new-tokens 64 --output runs/tiny-plain-$(STAMP)
-	$(BIN)/invoke benchmark --preset tiny --device cpu --runtime local --repeats 2 --max-new-tokens 64 --draft tiny --output runs/tiny-spec-$(STAMP)
-	$(BIN)/invoke validate runs/tiny-plain-$(STAMP)
-	$(BIN)/invoke validate runs/tiny-spec-$(STAMP)
-	$(BIN)/invoke analyze runs/tiny-plain-$(STAMP) runs/tiny-spec-$(STAMP) --report runs/tiny-report-$(STAMP)
-	$(BIN)/invoke compare runs/tiny-plain-$(STAMP) runs/tiny-spec-$(STAMP) --output runs/tiny-compare-$(STAMP).json
+# The speculators environment for the pipeline's train stage: speculators 0.9.0 caps transformers and datasets
+# below the kit's own environment, so it gets its own (the same pins as CI's, torch first, then --no-deps).
+TRAIN_VENV ?= .venv-train
+
+$(TRAIN_VENV)/.installed: .ci/train-requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(TRAIN_VENV)
+	$(TRAIN_VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
+	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps -r .ci/train-requirements.txt
+	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+train-env: $(TRAIN_VENV)/.installed
+
+# The whole kit on a CPU in minutes: tiny baseline, speculative and prefix-head benchmarks, a head study, the tiny
+# pipeline through convert, validation, a report and comparisons (see src/draftscope/demo.py).
+demo: setup train-env
+	$(BIN)/invoke demo --train-python $(TRAIN_VENV)/bin/python
 
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # (The container and contract tiers have their own targets once they exist; gpu tests skip without CUDA.)

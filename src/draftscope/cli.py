@@ -264,12 +264,13 @@ def _namespace() -> Collection:
     root = Collection(plan, presets, benchmark, bench_overhead, validate, doctor, version, *ANALYSIS_TASKS)
     root.add_collection(ns_evidence, name="evidence")
     root.add_collection(ns_tiny, name="tiny")
+    from draftscope.cli_demo import DEMO_TASKS
     from draftscope.cli_head import HEAD_TASKS
     from draftscope.cli_images import ns_images
     from draftscope.cli_pipeline import PIPELINE_TASKS
 
     root.add_collection(ns_images, name="images")
-    for t in (*PIPELINE_TASKS, *HEAD_TASKS):
+    for t in (*PIPELINE_TASKS, *HEAD_TASKS, *DEMO_TASKS):
         root.add_task(t)
     return root
 
