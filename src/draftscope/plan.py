@@ -175,9 +175,9 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
                 network=True,
             )
         )
-    env = {"HF_HUB_CACHE": CACHE_MOUNT, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    from draftscope.head.vllm_switch import env_for as prefix_head_env  # no torch: the switch's variables only
+    from draftscope.head.vllm_switch import env_for as prefix_head_env  # no torch: the switch's variables
 
+    env = {"HF_HUB_CACHE": CACHE_MOUNT, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env |= prefix_head_env(config, RUN_MOUNT)  # {} unless experimental_prefix
     steps.append(
         Step(
