@@ -154,7 +154,9 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
     ok = True
     base = median_decode(r("baseline")) or float("nan")
     lines = ["", "draftscope demo — summary", ""]
-    measured = (load_model_preset("tiny").kit_model.measured or {}) if load_model_preset("tiny").kit_model else {}
+    measured = (
+        (load_model_preset("tiny").kit_model.measured or {}) if load_model_preset("tiny").kit_model else {}
+    )
     lines.append(f"tiny target: validation loss {measured.get('target_validation_loss')}, mean top-1 probability "
                  f"{measured.get('target_mean_top1_prob')} (recorded at build time, presets/models/tiny.yaml)")  # fmt: skip
     for name, label in (("baseline", "baseline"), ("speculative", "speculative, dense head"),
@@ -225,7 +227,10 @@ def main(*, output: str | None, train_python: str | None, say: Callable[[str], N
     for line in lines:
         say(line)
     (root / "summary.txt").write_text("\n".join(lines) + "\n")
-    say(f"demo finished in {time.monotonic() - started:.0f} s" + ("" if ok else " — WITH FAILED CHECKS (above)"))
+    say(
+        f"demo finished in {time.monotonic() - started:.0f} s"
+        + ("" if ok else " — WITH FAILED CHECKS (above)")
+    )
     return 0 if ok else 1
 
 
