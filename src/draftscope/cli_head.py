@@ -16,13 +16,13 @@ from draftscope.taskutil import user_errors
         "hidden": "hidden size (default 5120)",
         "rows": "row counts, comma-separated (default 1,8,16)",
         "fallback": "fallback rates to price in, comma-separated (default 0,0.1,0.45)",
-        "repeats": "timed repeats per cell (median reported)",
+        "repeats": "timed repeats per cell (median reported; default 3 keeps a full CPU run near 5 minutes)",
         "output": "also write the results as JSON here",
     },
 )
 @user_errors
 def head_bench(c, device="cpu", vocab="151936,248320", hidden=5120, rows="1,8,16", fallback="0,0.1,0.45",
-               repeats=5, output=None):  # fmt: skip
+               repeats=3, output=None):  # fmt: skip
     """Dense head vs coarse INT8 + refine (+ fallback) at real shapes, side by side as ratios, with the
     bytes-moved floor of each."""
     from draftscope.head.bench import main

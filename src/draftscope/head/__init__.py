@@ -8,5 +8,8 @@ bit-identical to dense greedy verification for every admissible accumulation ord
 disagreement, which must stay zero.
 
 Modules: `exact` (error constant, monotone roundings), `quant` (INT8 weights, error tables, coarse bounds),
-`certify`, `policy`, `runtime` (the decode-loop head, device counters, capture for `head-study`).
+`certify`, `policy`, `runtime` (the decode-loop head, device counters, capture for `head-study`), `capture` and
+`study` (`invoke head-study`), `triton_kernels` (coarse GEMV with fused bounds, top-K, refine) and `bench`
+(`invoke head-bench`), `graph` and `graph_kernels` (the device-side branch: a CUDA conditional node, and the
+predicated dense kernel as the ablation), `vllm_plugin`, `serving` and `vllm_switch` (the vLLM integration).
 """

@@ -18,6 +18,7 @@ Certified rows carry `c*`, which equals the dense head's argmax for every admiss
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,10 @@ from draftscope.head.quant import Coarse, QuantizedHead, coarse
 
 DEFAULT_K = 64
 NO_DRAFT = -1  # the bonus row (after the last proposal) has no draft token
+
+# Pluggable stages (the Triton kernels in `triton_kernels` have these shapes): top-K over U, and the exact refine.
+TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+Refine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -42,11 +47,17 @@ class Certificate:
     finite: torch.Tensor  # bool [N]
 
 
-def candidates(upper: torch.Tensor, draft: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _torch_topk(upper: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    found = torch.topk(upper, k, dim=1)
+    return found.values, found.indices
+
+
+def candidates(upper: torch.Tensor, draft: torch.Tensor, k: int, topk: TopK = _torch_topk
+               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(candidate ids [N, m], valid mask [N, m]): top-(K+2) by U plus the draft token (unless already in)."""
     vocab = upper.shape[1]
     top = min(k + 2, vocab)
-    ids = torch.topk(upper, top, dim=1).indices
+    ids = topk(upper, top)[1]
     has_draft = draft[:, None] >= 0
     # No draft token (the bonus row): repeat the first candidate, so the slot excludes nothing from the tail.
     extra = torch.where(has_draft, draft[:, None], ids[:, :1])
@@ -68,8 +79,10 @@ def refine(
 
 
 def certify(head: QuantizedHead, hidden: torch.Tensor, draft: torch.Tensor, *, k: int = DEFAULT_K,
-            out_dtype: torch.dtype = torch.bfloat16, bounds: Coarse | None = None) -> Certificate:  # fmt: skip
-    """Certify the dense argmax of every row of `hidden [N, D]`; `draft [N]` holds each row's draft token or -1."""
+            out_dtype: torch.dtype = torch.bfloat16, bounds: Coarse | None = None, topk: TopK | None = None,
+            refine_fn: Refine | None = None) -> Certificate:  # fmt: skip
+    """Certify the dense argmax of every row of `hidden [N, D]`; `draft [N]` holds each row's draft token or -1.
+    `bounds`, `topk` and `refine_fn` replace the reference stages (e.g. with the Triton kernels)."""
     d = hidden.shape[1]
     if d != head.hidden:
         raise ValueError(f"hidden rows have {d} features; the head has {head.hidden}")
@@ -80,14 +93,14 @@ def certify(head: QuantizedHead, hidden: torch.Tensor, draft: torch.Tensor, *, k
     upper = torch.nan_to_num(upper, nan=float("inf"))
     g = gamma(d)
 
-    ids, valid = candidates(upper, draft, k)
+    ids, valid = candidates(upper, draft, k, topk or _torch_topk)
     outside_u = upper.scatter(1, ids, float("-inf"))
     outside_a = bounds.a_bound.scatter(1, ids, 0.0)
     tail = outside_u.max(dim=1).values  # -inf when every token is a candidate
     a_out = outside_a.max(dim=1).values
     r_out = output_upper(tail + g * a_out * (1 + PAD), out_dtype)
 
-    f, a = refine(head.weight, hidden, ids)
+    f, a = (refine_fn or refine)(head.weight, hidden, ids)
     err = 2 * g * a * (1 + PAD)
     lo = output_lower(f - err, out_dtype)
     hi = output_upper(f + err, out_dtype)

@@ -1,0 +1,612 @@
+"""`invoke head-bench`: latency of the dense bf16 head vs the certified path (coarse INT8 + top-K + refine) at
+real shapes, side by side as ratios, with the bytes-moved floor of each.
+
+For each vocabulary size and row count the dense head `hidden @ W.T` (bf16) and the certified path are timed in
+alternation (so drift in a shared machine's load hits both), median of the repeats. The certified path is what a
+verification step runs before its decision: the coarse GEMV over the INT8 weights, the upper bounds U, the top
+K+4 tokens by U (C = top K+2 plus the draft token, and T, the best U outside C, is among the next two), and the
+exact refine of the K+3 candidates. The O(rows·K) decision arithmetic is not timed. Expected cost at fallback rate
+p is `path + p·dense`. The floor: dense reads 2·V·D bytes of weights, the certified path V·D (INT8) + scales and
+error tables + the refined rows; at the dense head's measured bandwidth that many bytes take the time shown.
+
+Implementations. CUDA: the Triton kernels (`triton_kernels`; the bounds are fused into the coarse pass). CPU: the
+fastest measured of the honest options, chosen per shape and recorded:
+- `int8pack`: `torch._weight_int8pack_mm` (fused dequantize, fp32 accumulation, bf16 output) with unit scales,
+  then the fp32 per-row scale; the bf16 output rounding is covered by an extra `|c|·2^-8` in U;
+- `tile`: dequantize tiles of rows to bf16 once and multiply every hidden row by each tile (bf16 output, same
+  extra term).
+Both need per-row scales (the default here). The bounds are then formed in torch with the coarse kernel's formula.
+
+The weights are random (timing does not depend on their values); the INT8 head is built in row chunks
+(`build_chunked`, identical to `QuantizedHead.build`, whose float64 temporaries would need ~10 GB at V=248320).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from draftscope.errors import MissingDependency, UserError
+
+log = logging.getLogger("draftscope.head.bench")
+
+SCHEMA_VERSION = 1
+K = 64  # candidates per row (certify.DEFAULT_K)
+SEED = 0
+CHUNK_ROWS = 8192  # rows quantized at once: ~2 GB of float64 temporaries at D = 5120
+TILE_ROWS = 1024  # rows dequantized at once by the `tile` implementation (bf16: 10 MB at D = 5120, in L3)
+BF16_OUT_REL = (
+    2.0**-8
+)  # |c|·2^-8 covers a bf16-rounded coarse output times an fp32 scale (see module docstring)
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "draftscope head bench",
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "schema_version",
+        "kind",
+        "created",
+        "kit",
+        "command",
+        "device",
+        "config",
+        "results",
+        "notes",
+    ],
+    "properties": {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "kind": {"const": "head-bench"},
+        "created": {"type": "string"},
+        "kit": {"type": "object"},
+        "command": {"type": "array", "items": {"type": "string"}},
+        "device": {"type": "object", "required": ["type", "name", "torch", "threads"]},
+        "config": {
+            "type": "object",
+            "required": ["vocab", "hidden", "rows", "fallback", "repeats", "k", "group_size", "seed"],
+        },
+        "results": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": [
+                    "vocab",
+                    "rows",
+                    "impl",
+                    "median_ms",
+                    "samples_ms",
+                    "ratio",
+                    "expected_ratio",
+                    "bytes",
+                    "dense_bandwidth_gbs",
+                    "floor_ms",
+                    "floor_ratio",
+                ],
+                "properties": {
+                    "vocab": {"type": "integer", "minimum": 1},
+                    "rows": {"type": "integer", "minimum": 1},
+                    "impl": {"type": "object"},
+                    "median_ms": {
+                        "type": "object",
+                        "required": ["dense", "path", "coarse", "topk", "refine"],
+                    },
+                    "min_ms": {"type": "object"},
+                    "samples_ms": {"type": "object"},
+                    "candidates_ms": {"type": "object"},
+                    "ratio": {"type": "number", "minimum": 0},
+                    "expected_ratio": {"type": "object", "additionalProperties": {"type": "number"}},
+                    "bytes": {"type": "object", "required": ["dense", "certified"]},
+                    "dense_bandwidth_gbs": {"type": "number", "minimum": 0},
+                    "floor_ms": {"type": "object", "required": ["dense", "certified"]},
+                    "floor_ratio": {"type": "number", "minimum": 0},
+                },
+            },
+        },
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "seconds": {"type": "number", "minimum": 0},
+    },
+}
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise MissingDependency(exc.name or "torch", extra="local", image="transformers") from None
+    return torch
+
+
+# --- parsing ------------------------------------------------------------------------------------------------
+
+
+def parse_list(
+    value: str | Sequence[Any], field: str, kind: type, *, low: float, high: float | None = None
+) -> list:
+    """`"1,8,16"` (or a sequence) → `[1, 8, 16]`, every item of `kind` within [low, high]."""
+    items = [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else list(value)
+    if not items:
+        raise UserError(
+            "needs at least one value", field=field, value=value, fix="give a comma-separated list"
+        )
+    out = []
+    for item in items:
+        try:
+            number = kind(item)
+        except (TypeError, ValueError):
+            raise UserError(f"not a {kind.__name__}", field=field, value=item) from None
+        if number < low or (high is not None and number > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise UserError(f"must be {bound}", field=field, value=item)
+        out.append(number)
+    return out
+
+
+# --- the INT8 head, built in chunks -------------------------------------------------------------------------
+
+
+def build_chunked(weight: Any, group_size: int | None = None, chunk_rows: int = CHUNK_ROWS,
+                  progress: Callable[[int, int], None] | None = None) -> Any:  # fmt: skip
+    """`QuantizedHead.build(weight, group_size)` chunk by chunk of rows, with the same float64 operations on each
+    element in the same order (so identical tensors; tested), reusing one float64 buffer of `chunk_rows` rows
+    instead of allocating several of the whole head (~10 GB each at V = 248320)."""
+    torch = _torch()
+    from draftscope.head.exact import PAD, up_to_f32
+    from draftscope.head.quant import QMAX, QuantizedHead
+
+    if weight.dim() != 2:
+        raise ValueError(f"the head weight must be [vocab, hidden], got shape {tuple(weight.shape)}")
+    vocab, hidden = weight.shape
+    g = hidden if group_size in (None, 0) else int(group_size)
+    if g <= 0 or hidden % g:
+        raise ValueError(f"group_size {g} does not divide the hidden size {hidden}")
+    groups = hidden // g
+    dev = weight.device
+    q = torch.empty(vocab, hidden, dtype=torch.int8, device=dev)
+    tables = {name: torch.empty(vocab, groups, dtype=torch.float32, device=dev)
+              for name in ("scales", "err_l2", "err_linf", "w_linf", "q_linf")}  # fmt: skip
+    buf = torch.empty(min(chunk_rows, vocab), groups, g, dtype=torch.float64, device=dev)
+    pad = 1 + PAD
+    for start in range(0, vocab, chunk_rows):
+        w = weight[start : start + chunk_rows].detach().view(-1, groups, g)
+        rows = w.shape[0]
+        if not torch.isfinite(w).all():
+            raise ValueError("the head weight has non-finite values; no bound holds")
+        t = buf[:rows]
+        amax = w.abs().amax(dim=2).to(torch.float64)  # exact in the weight's own dtype
+        scales = (amax / QMAX).to(torch.float32)
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        s64 = scales.to(torch.float64)[:, :, None]
+        torch.div(w, s64, out=t)  # w / s in float64 (the weight converts exactly), as build does
+        t.round_().clamp_(-QMAX, QMAX)
+        q8 = t.to(torch.int8)
+        q_absmax = q8.abs().amax(dim=2).to(torch.float64)
+        t.mul_(s64)
+        torch.sub(w, t, out=t)  # err = w − q·s, exact in float64
+        err_linf = torch.maximum(t.amax(dim=2), -t.amin(dim=2))
+        err_l2 = t.square_().sum(dim=2).sqrt()
+        stop = start + rows
+        q[start:stop] = q8.view(rows, hidden)
+        tables["scales"][start:stop] = scales
+        tables["err_l2"][start:stop] = up_to_f32(err_l2 * pad).to(torch.float32)
+        tables["err_linf"][start:stop] = up_to_f32(err_linf * pad).to(torch.float32)
+        tables["w_linf"][start:stop] = up_to_f32(amax * pad).to(torch.float32)
+        tables["q_linf"][start:stop] = up_to_f32((q_absmax * s64[:, :, 0]) * pad).to(torch.float32)
+        if progress:
+            progress(stop, vocab)
+    return QuantizedHead(weight=weight.detach(), q=q, group_size=g, **tables)
+
+
+def head_rows(head: Any, vocab: int) -> Any:
+    """The head of the first `vocab` rows (views): equal to building it from `weight[:vocab]`, rows being
+    quantized independently."""
+    from draftscope.head.quant import QuantizedHead
+
+    return QuantizedHead(weight=head.weight[:vocab], q=head.q[:vocab], scales=head.scales[:vocab],
+                         group_size=head.group_size, err_l2=head.err_l2[:vocab], err_linf=head.err_linf[:vocab],
+                         w_linf=head.w_linf[:vocab], q_linf=head.q_linf[:vocab])  # fmt: skip
+
+
+def random_weight(
+    vocab: int, hidden: int, device: str, seed: int = SEED, chunk_rows: int = CHUNK_ROWS
+) -> Any:
+    """A random bf16 head [vocab, hidden] (std 0.02, like an LM head), generated in chunks."""
+    torch = _torch()
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    weight = torch.empty(vocab, hidden, dtype=torch.bfloat16, device=device)
+    for start in range(0, vocab, chunk_rows):
+        rows = min(chunk_rows, vocab - start)
+        weight[start : start + rows] = (torch.randn(rows, hidden, generator=gen) * 0.02).to(torch.bfloat16)
+    return weight
+
+
+# --- CPU implementations ------------------------------------------------------------------------------------
+
+
+def coarse_int8pack(head: Any, hidden: Any, ones: Any) -> Any:
+    """c fp32 [N, V] = bf16(Σ_i h_i q_ji) · scale_j, by torch's fused INT8 weight-only matmul (per-row scales)."""
+    torch = _torch()
+    return torch._weight_int8pack_mm(hidden.to(torch.bfloat16), head.q, ones).float() * head.scales[:, 0]
+
+
+def coarse_tile(head: Any, hidden: Any, _ones: Any = None, tile_rows: int = TILE_ROWS) -> Any:
+    """The same product by tiles: each tile of INT8 rows is dequantized to bf16 once and used for every row."""
+    torch = _torch()
+    h = hidden.to(torch.bfloat16)
+    out = torch.empty(
+        head.vocab, h.shape[0], dtype=torch.bfloat16
+    )  # [V, N]: each tile writes contiguous rows
+    tile = torch.empty(min(tile_rows, head.vocab), head.hidden, dtype=torch.bfloat16)
+    for start in range(0, head.vocab, tile_rows):
+        q = head.q[start : start + tile_rows]
+        buf = tile[: q.shape[0]]
+        buf.copy_(q)  # INT8 → bf16 is exact
+        torch.mm(buf, h.T, out=out[start : start + q.shape[0]])
+    return out.T.float() * head.scales[:, 0]
+
+
+CPU_COARSE = {"int8pack": coarse_int8pack, "tile": coarse_tile}
+
+
+def bounds_torch(head: Any, hidden: Any, c: Any, extra_rel: float = 0.0) -> tuple[Any, Any]:
+    """(U float64 [N, V], A_out float64 [N]) from the coarse logits `c`, with the coarse kernel's formula: fp32
+    group sums made upper bounds, U = c + e·pad + |c|·(2^-50 + extra_rel). `extra_rel` covers a coarse output
+    rounded to bf16. A_out = Σ_g ‖h_g‖₁ · max_j w_linf[j, g] ≥ every token's A bound (the tail needs its max)."""
+    torch = _torch()
+    from draftscope.head.exact import PAD, gamma, up_to_f32
+    from draftscope.head.quant import group_norms
+
+    g = head.groups
+    l1, l2 = group_norms(hidden, head.group_size)
+    l1f, l2f = up_to_f32(l1).float(), up_to_f32(l2).float()
+    gamma_fp = float(up_to_f32(torch.tensor(gamma(head.hidden + g + 1), dtype=torch.float64)))
+    e = torch.zeros_like(c)
+    e_quant, e_fp = torch.empty_like(c), torch.empty_like(c)
+    for j in range(g):  # the kernel's per-group sum, in the same order; in place (these are [N, V] arrays)
+        torch.mul(head.err_l2[None, :, j], l2f[:, j, None], out=e_quant)
+        torch.mul(head.err_linf[None, :, j], l1f[:, j, None], out=e_fp)
+        torch.minimum(e_quant, e_fp, out=e_quant)
+        torch.mul(head.q_linf[None, :, j], l1f[:, j, None], out=e_fp)
+        e += e_quant.add_(e_fp.mul_(gamma_fp))
+    upper = c.double()
+    upper.add_(e.double().mul_((1 + PAD) / (1 - gamma(g + 4))))
+    upper.add_(c.abs().double().mul_(2.0**-50 + extra_rel))  # U = (c + e·pad) + |c|·k, the kernel's order
+    a_out = (l1 * head.w_linf.double().amax(dim=0)[None]).sum(dim=1) * ((1 + PAD) / (1 - gamma(g + 1)))
+    return upper, a_out
+
+
+def refine_fp32(weight: Any, hidden: Any, ids: Any) -> tuple[Any, Any]:
+    """`certify.refine` with A in fp32 (batched matmuls), divided by 1 − γ_{D+1}: an upper bound like the Triton
+    refine's; f is the fp32 dot."""
+    torch = _torch()
+    from draftscope.head.exact import PAD, gamma
+
+    w = weight[ids].float()  # [N, m, D]
+    h = hidden.float()[:, :, None]
+    f = torch.bmm(w, h)[:, :, 0]
+    a = torch.bmm(w.abs_(), h.abs())[:, :, 0]
+    return f.double(), a.double() * ((1 + PAD) / (1 - gamma(weight.shape[1] + 1)))
+
+
+# --- timing -------------------------------------------------------------------------------------------------
+
+
+class Timer:
+    """Wall time of a callable; on CUDA the device is synchronized before and after."""
+
+    def __init__(self, device: str) -> None:
+        self.torch = _torch()
+        self.cuda = device == "cuda"
+
+    def __call__(self, fn: Callable[[], Any]) -> float:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+
+def _path_ops(
+    device: str, head: Any, weight: Any, hidden: Any, draft: Any, coarse_impl: str
+) -> dict[str, Any]:
+    """The certified path's phases as callables (each phase's input computed once for timing it alone), and the
+    whole path end to end."""
+    torch = _torch()
+    if device == "cuda":
+        from draftscope.head.triton_kernels import coarse_triton, refine_triton, topk_triton
+
+        def coarse() -> Any:
+            return coarse_triton(head, hidden).upper
+
+        def topk(upper: Any) -> Any:
+            return topk_triton(upper, K + 4)[1]
+
+        refine = refine_triton
+    else:
+        ones = torch.ones(head.vocab, dtype=torch.bfloat16)
+        fn = CPU_COARSE[coarse_impl]
+
+        def coarse_logits() -> Any:
+            return fn(head, hidden, ones)
+
+        def bounds(c: Any) -> Any:
+            return bounds_torch(head, hidden, c, BF16_OUT_REL)[0]
+
+        def coarse() -> Any:
+            return bounds(coarse_logits())
+
+        def topk(upper: Any) -> Any:
+            return torch.topk(upper, K + 4, dim=1).indices
+
+        refine = refine_fp32
+
+    def candidates(top: Any) -> Any:
+        return torch.cat([top[:, : K + 2], draft[:, None]], dim=1)
+
+    def path() -> Any:
+        return refine(weight, hidden, candidates(topk(coarse())))
+
+    upper = coarse()
+    ids = candidates(topk(upper))
+    phases = {"coarse": coarse}
+    if device != "cuda":  # on CUDA the bounds are fused into the coarse kernel
+        logits = coarse_logits()
+        phases = {"coarse": coarse_logits, "bounds": lambda: bounds(logits)}
+    return {
+        **phases,
+        "topk": lambda: topk(upper),
+        "refine": lambda: refine(weight, hidden, ids),
+        "path": path,
+    }
+
+
+def measure(device: str, head: Any, weight: Any, rows: int, repeats: int, seed: int = SEED) -> dict[str, Any]:
+    """Median times (ms) of the dense head and of the certified path at one shape, and the samples."""
+    torch = _torch()
+    gen = torch.Generator(device="cpu").manual_seed(seed + rows)
+    hidden = torch.randn(rows, head.hidden, generator=gen).to(torch.bfloat16).to(device)
+    draft = torch.randint(0, head.vocab, (rows,), generator=gen).to(device)
+    timer = Timer(device)
+
+    def dense() -> Any:
+        return hidden @ weight.T
+
+    candidates_ms: dict[str, float] = {}
+    if device == "cuda":
+        impl = {"coarse": "triton", "topk": "triton", "refine": "triton", "dense": "torch bf16 matmul"}
+        ops = _path_ops(device, head, weight, hidden, draft, "triton")
+    else:
+        # Pick the coarse implementation by a quick measurement (one warm-up, one timed run each).
+        for name in CPU_COARSE:
+            probe = _path_ops(device, head, weight, hidden, draft, name)["coarse"]
+            probe()
+            candidates_ms[name] = timer(probe)
+        best = min(candidates_ms, key=candidates_ms.__getitem__)
+        impl = {"coarse": best, "topk": "torch.topk", "refine": "fp32 bmm", "dense": "torch bf16 matmul"}
+        ops = _path_ops(device, head, weight, hidden, draft, best)
+    phases = {"dense": dense, **ops}
+    for fn in phases.values():  # warm-up
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in phases}
+    for _ in range(repeats):
+        for name, fn in phases.items():  # alternate, so load drift hits every phase alike
+            samples[name].append(timer(fn))
+    return {
+        "impl": impl,
+        "median_ms": {name: statistics.median(ts) for name, ts in samples.items()},
+        "min_ms": {
+            name: min(ts) for name, ts in samples.items()
+        },  # less sensitive to a shared machine's load
+        "samples_ms": samples,
+        "candidates_ms": candidates_ms,
+    }
+
+
+def summarize(vocab: int, rows: int, hidden: int, head: Any, timing: dict[str, Any],
+              fallback: Sequence[float]) -> dict[str, Any]:  # fmt: skip
+    """Ratios, expected cost at each fallback rate, and the bytes-moved floor, from measured medians."""
+    med = timing["median_ms"]
+    dense_bytes = 2 * vocab * hidden
+    refine_bytes = 2 * rows * (K + 3) * hidden
+    certified_bytes = head.bytes_int8 + refine_bytes
+    bandwidth = dense_bytes / (med["dense"] * 1e-3)  # bytes/s the dense head achieved
+    floor = {"dense": dense_bytes / bandwidth * 1e3, "certified": certified_bytes / bandwidth * 1e3}
+    return {
+        "vocab": vocab,
+        "rows": rows,
+        "impl": timing["impl"],
+        "median_ms": med,
+        "min_ms": timing["min_ms"],
+        "samples_ms": timing["samples_ms"],
+        "candidates_ms": timing["candidates_ms"],
+        "ratio": med["path"] / med["dense"],
+        "expected_ratio": {f"{p:g}": (med["path"] + p * med["dense"]) / med["dense"] for p in fallback},
+        "bytes": {
+            "dense": dense_bytes,
+            "certified": certified_bytes,
+            "int8_head": head.bytes_int8,
+            "refine": refine_bytes,
+        },
+        "dense_bandwidth_gbs": bandwidth / 1e9,
+        "floor_ms": floor,
+        "floor_ratio": certified_bytes / dense_bytes,
+    }
+
+
+# --- report -------------------------------------------------------------------------------------------------
+
+
+def table(results: Sequence[dict[str, Any]], fallback: Sequence[float], device: str) -> Any:
+    """One row per (vocab, rows): phase medians in ms, then ratios to the dense head, then the bytes floor."""
+    from rich.table import Table
+
+    t = Table(title=f"head-bench on {device}: dense bf16 head vs certified path (coarse INT8 + bounds + top-K + "
+              "refine); times in ms, medians", title_justify="left")  # fmt: skip
+    rates = [p for p in fallback if p != 0]  # p = 0 is the path/dense column
+    cols = ["vocab", "rows", "dense", "coarse", "bounds", "top-K", "refine", "path", "path/dense"]
+    cols += [f"+{p:g}·dense" for p in rates] + ["GB dense→cert.", "bytes ratio", "floor", "coarse impl"]
+    for col in cols:
+        t.add_column(col, justify="left" if col == "coarse impl" else "right")
+    for r in results:
+        m = r["median_ms"]
+        bounds = f"{m['bounds']:.1f}" if "bounds" in m else "fused"
+        t.add_row(
+            str(r["vocab"]), str(r["rows"]),
+            *(f"{m[k]:.1f}" for k in ("dense", "coarse")), bounds, *(f"{m[k]:.1f}" for k in ("topk", "refine", "path")),
+            f"{r['ratio']:.2f}×", *(f"{r['expected_ratio'][f'{p:g}']:.2f}×" for p in rates),
+            f"{r['bytes']['dense'] / 1e9:.2f}→{r['bytes']['certified'] / 1e9:.2f}",
+            f"{r['floor_ratio']:.2f}×", f"{r['floor_ms']['certified']:.1f}", r["impl"]["coarse"],
+        )  # fmt: skip
+    return t
+
+
+def validate_report(report: dict[str, Any]) -> None:
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(
+        Draft202012Validator(REPORT_SCHEMA).iter_errors(report), key=lambda e: list(e.absolute_path)
+    )
+    if errors:
+        e = errors[0]
+        raise RuntimeError(f"head-bench report: {'/'.join(map(str, e.absolute_path))}: {e.message}")  # a bug
+
+
+def _device_info(device: str) -> dict[str, Any]:
+    torch = _torch()
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), name)
+        except OSError:
+            pass
+    return {"type": device, "name": name, "torch": torch.__version__, "triton": triton_version,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count()}  # fmt: skip
+
+
+def _check_memory(device: str, vocab: int, hidden: int) -> None:
+    need = (
+        3 * vocab * hidden + 2 * CHUNK_ROWS * hidden * 8 * 6
+    )  # weights + INT8 + a chunk's float64 temporaries
+    if device == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="utf-8") as fh:
+                avail = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith("MemAvailable"))
+        except (OSError, StopIteration):
+            return
+        if need > avail:
+            raise UserError(f"needs ~{need / 2**30:.1f} GiB of memory, {avail / 2**30:.1f} GiB available",
+                            field="vocab", value=vocab, fix="run fewer or smaller vocabularies")  # fmt: skip
+
+
+def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidden: int = 5120,
+         rows: str | Sequence[int] = "1,8,16", fallback: str | Sequence[float] = "0,0.1,0.45", repeats: int = 3,
+         output: str | Path | None = None, *, quiet: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Run the benchmark, print the table, write `output` (JSON) when given; returns the report."""
+    if device not in ("cpu", "cuda"):
+        raise UserError("unknown device", field="device", value=device, fix="use cpu or cuda")
+    vocabs = parse_list(vocab, "vocab", int, low=K + 4)
+    row_counts = parse_list(rows, "rows", int, low=1)
+    rates = parse_list(fallback, "fallback", float, low=0.0, high=1.0)
+    if int(hidden) < 1:
+        raise UserError("must be positive", field="hidden", value=hidden)
+    if int(repeats) < 1:
+        raise UserError("must be at least 1", field="repeats", value=repeats)
+    out_path = Path(output) if output else None
+    if out_path is not None and not out_path.parent.is_dir():
+        raise UserError("the output's folder does not exist", field="output", value=str(output),
+                        fix="create the folder first")  # fmt: skip
+    torch = _torch()
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(
+                "CUDA is not available here", field="device", value=device, fix="use --device cpu"
+            )
+        from draftscope.head.triton_kernels import kernels
+
+        kernels()  # MissingDependency now, not after building the heads
+        # The dense reference's settings (HEAD.md): no reduced-precision bf16 reduction.
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    _check_memory(device, max(vocabs), int(hidden))
+    from draftscope.provenance import command_line, kit_info, now
+    from draftscope.render import console
+
+    con = console()
+    say = (lambda *_: None) if quiet else con.print
+    started = time.perf_counter()
+    big = max(vocabs)
+    say(
+        f"head-bench: random bf16 head {big}×{hidden} on {device}, INT8 per-row scales (chunks of {CHUNK_ROWS})"
+    )
+    weight = random_weight(big, int(hidden), device)
+    full = build_chunked(weight, None)
+    say(f"  built in {time.perf_counter() - started:.1f} s")
+    results = []
+    for v in vocabs:
+        head = head_rows(full, v)
+        for n in row_counts:
+            timing = measure(device, head, head.weight, n, int(repeats))
+            results.append(summarize(v, n, int(hidden), head, timing, rates))
+            log.info("vocab %d rows %d: %s", v, n, timing["median_ms"])
+    notes = [
+        "times: median of the repeats; dense and path phases measured in alternation",
+        "path = coarse GEMV + bounds U + top-(K+4) + refine of K+3 candidates, timed end to end; the decision "
+        "arithmetic is O(rows·K) and not timed",
+        "+p·dense: expected cost (path + p·dense) / dense at fallback rate p",
+        "bytes: weights only (bf16 dense vs INT8 + fp32 scales and 4 error tables + refined bf16 rows); floor: the "
+        "certified path's bytes at the dense head's measured bandwidth",
+        f"random weights, seed {SEED}; K = {K}; per-row INT8 scales",
+    ]
+    if device == "cpu":
+        notes.append("CPU coarse: the faster of torch._weight_int8pack_mm and bf16 tile-dequantize per shape "
+                     "(candidates_ms); both round c to bf16, covered by an extra |c|·2^-8 in U")  # fmt: skip
+        notes.append(f"shared CPU: load average {os.getloadavg()[0]:.1f} at the end of the run")
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "head-bench",
+        "created": now(),
+        "kit": kit_info(),
+        "command": command_line(),
+        "device": _device_info(device),
+        "config": {
+            "vocab": vocabs,
+            "hidden": int(hidden),
+            "rows": row_counts,
+            "fallback": rates,
+            "repeats": int(repeats),
+            "k": K,
+            "group_size": int(hidden),
+            "seed": SEED,
+        },
+        "results": results,
+        "notes": notes,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    validate_report(report)
+    if not quiet:
+        con.print(table(results, rates, device))
+        for note in notes:
+            con.print(f"  note: {note}")
+    if out_path is not None:
+        from draftscope.jsonio import atomic_write_json
+
+        atomic_write_json(out_path, report)
+        say(f"  wrote {out_path}")
+    return report
