@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env demo test test-container test-contract test-all lint format clean
+.PHONY: setup plan train-env demo test test-container test-contract test-slurm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -46,7 +46,7 @@ demo: setup train-env
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # (The container and contract tiers have their own targets once they exist; gpu tests skip without CUDA.)
 test: setup lint
-	$(BIN)/python -m pytest -m "not container and not contract" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not container and not contract and not slurm" $(PYTEST_ARGS)
 
 # A real container engine (podman + runc behind its Docker API, driven by the docker CLI; see images/local/):
 # builds images/transformers/Dockerfile on a local base and runs benchmarks in it. Needs an answering engine.
@@ -57,7 +57,13 @@ test-container: setup
 test-contract: setup
 	$(BIN)/python -m pytest -m contract $(PYTEST_ARGS)
 
-test-all: test test-container test-contract
+# A real single-node Slurm cluster on this machine (root; images/local/slurm-cluster.sh install adds the Debian
+# packages): the tiny pipeline's CPU stages as jobs with a two-shard regen array, compared with a local run, a
+# cancel, Ctrl-C and a time limit. The tests start the cluster and stop it; ~3 min (the time limit alone ~70 s).
+test-slurm: setup
+	$(BIN)/python -m pytest -m slurm $(PYTEST_ARGS)
+
+test-all: test test-container test-contract test-slurm
 
 lint: setup
 	$(BIN)/ruff check .

@@ -22,12 +22,18 @@ from draftscope.taskutil import user_errors
         "runtime": "docker (default), podman, or local (this environment; the tiny preset on a CPU)",
         "dry_run": "print every stage's image and exact container command, and stop; creates nothing",
         "force": "rerun stages even when their record says they completed with the same inputs",
+        "executor": "local (default): run the stages here, one after another; slurm: submit each stage as a "
+        "Slurm job (sbatch) that runs it through the same runtime, and follow the jobs (Ctrl-C cancels them)",
+        "partition": "slurm: the partition (config: slurm.partition; per stage: slurm.stages.<stage>.partition)",
+        "account": "slurm: the account to charge (slurm.account)",
+        "qos": "slurm: the quality of service (slurm.qos)",
+        "nodes": "slurm: nodes for training (srun + torchrun) and shards of regen (a job array); default 1",
     },
 )
 @user_errors
 def pipeline(
     c, draft=None, preset=None, config=None, stage="all", workdir=None, opts=None, runtime=None, dry_run=False,
-    force=False,
+    force=False, executor="local", partition=None, account=None, qos=None, nodes=None,
 ):  # fmt: skip
     """Train and serve a DFlash / DFlash2 / DSpark draft: regen → pretokenize → prepare → hsextract → train →
     convert → serve → bench, each stage in its pinned image."""
@@ -38,21 +44,62 @@ def pipeline(
     from draftscope.pipeline.config import load_pipeline_config
     from draftscope.runtime import get_runtime
 
-    resolved = load_pipeline_config(draft=draft, preset=preset, config_file=config, opts=opts or ())
+    slurm = _slurm_flags(executor, partition=partition, account=account, qos=qos, nodes=nodes)
+    resolved = load_pipeline_config(
+        draft=draft,
+        preset=preset,
+        config_file=config,
+        opts=opts or (),
+        overrides={"slurm": slurm} if slurm else None,
+    )
     engine = get_runtime(runtime or ("local" if resolved.config.device == "cpu" else "docker"))
     stages = registry.select(stage)
     target = Path(workdir) if workdir else planning.default_workdir(resolved.config)
     plan = planning.build(resolved, stages, target, engine.name)
-    if dry_run:
+    if executor == "slurm":
+        from draftscope.slurm import executor as slurm_executor
+
+        if dry_run:
+            print("\n".join(slurm_executor.dry_run_lines(plan, engine)))
+            return
+        outcomes = slurm_executor.run(plan, engine, force=force, argv=sys.argv)
+    elif dry_run:
         print("\n".join(planning.dry_run_lines(plan, engine)))
         return
-    from draftscope.pipeline.runner import run_pipeline
+    else:
+        from draftscope.pipeline.runner import run_pipeline
 
-    outcomes = run_pipeline(plan, engine, force=force, argv=sys.argv)
+        outcomes = run_pipeline(plan, engine, force=force, argv=sys.argv)
     failed = [o for o in outcomes if o.status not in ("completed", "skipped")]
     if failed:
         raise Exit(f"{failed[0].stage}: {failed[0].status} ({failed[0].reason})", code=1)
     print(f"{plan.workdir}: {len(outcomes)} stage(s) done")
+
+
+EXECUTORS = ("local", "slurm")
+
+
+def _slurm_flags(executor: str, **flags: str | None) -> dict[str, object]:
+    """The Slurm flags as config overrides (slurm.*), checked: they need --executor slurm; --nodes is a count."""
+    from draftscope.errors import UserError
+
+    if executor not in EXECUTORS:
+        raise UserError(
+            f"unknown executor '{executor}'", field="--executor", fix=f"choose one of: {', '.join(EXECUTORS)}"
+        )
+    given = {k: v for k, v in flags.items() if v is not None}
+    if given and executor != "slurm":
+        first = next(iter(given))
+        raise UserError(f"--{first} applies to the Slurm executor", field=f"--{first}", value=given[first],
+                        fix="add --executor slurm, or leave it out")  # fmt: skip
+    if "nodes" in given:
+        try:
+            given["nodes"] = int(str(given["nodes"]))
+        except ValueError:
+            raise UserError(
+                "not a whole number", field="--nodes", value=given["nodes"], fix="e.g. --nodes 2"
+            ) from None
+    return given
 
 
 PIPELINE_TASKS = [pipeline]

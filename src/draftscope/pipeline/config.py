@@ -143,6 +143,35 @@ class BenchOptions:
 
 
 @dataclass(frozen=True)
+class SlurmStageOptions:
+    """Per-stage overrides of the Slurm executor's settings (`slurm.stages.<stage>`)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes: int | None = None  # train only: nodes for srun + torchrun
+    shards: int | None = None  # regen only: array tasks, each a shard of the rows on its own node
+    time_limit_s: float | None = None  # Slurm's --time (whole minutes, rounded up)
+    cpus_per_task: int | None = None
+    mem: str | None = None  # sbatch --mem: per node, e.g. 64G; 0 = all of the node's memory
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm executor (`--executor slurm`): where jobs go and how big they are. Unused by the local executor."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes: int = 1  # train's nodes and regen's shards, unless a stage says otherwise
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    rdzv_port: int = 29500  # torchrun's c10d rendezvous on the first node of a training job
+    poll_interval_s: float = 5.0  # squeue / scontrol while waiting for the jobs
+    stages: Mapping[str, SlurmStageOptions] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     schema_version: int
     name: str
@@ -163,6 +192,7 @@ class PipelineConfig:
     convert: ConvertOptions = field(default_factory=ConvertOptions)
     serve: ServeOptions = field(default_factory=ServeOptions)
     bench: BenchOptions = field(default_factory=BenchOptions)
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -205,8 +235,10 @@ def load_pipeline_config(
     preset: str | None = None,
     config_file: str | None = None,
     opts: Iterable[str] = (),
+    overrides: Mapping[str, Any] | None = None,
 ) -> Resolved:
-    """Defaults < config file < --draft/--preset < --opts; validated as a whole, then frozen."""
+    """Defaults < config file < --draft/--preset (and `overrides`: other typed options, e.g. the Slurm flags)
+    < --opts; validated as a whole, then frozen."""
     if draft is not None and draft not in DRAFTS:
         raise UserError(
             f"unknown draft type '{draft}'", field="--draft", fix=f"choose one of: {', '.join(DRAFTS)}"
@@ -222,8 +254,10 @@ def load_pipeline_config(
         source = str(path)
     flags = {k: v for k, v in {"draft": draft, "model_preset": preset}.items() if v is not None}
     data = deep_merge(data, flags)
-    overrides = parse_opts(opts)
-    data = deep_merge(data, overrides)
+    if overrides:
+        data = deep_merge(data, overrides)
+    opt_values = parse_opts(opts)
+    data = deep_merge(data, opt_values)
     data.setdefault("draft", DEFAULT_DRAFT)
     data.setdefault("model_preset", DEFAULT_PRESET)
     data.setdefault("name", f"{data['model_preset']}-{data['draft']}")
@@ -234,7 +268,7 @@ def load_pipeline_config(
     if kit and isinstance(data.get("data", {}), dict) and data.get("data", {}).get("chat") is None:
         # The tiny path's own chat rows (examples/chat.jsonl, 64 requests) so that it runs with no input at all.
         data = deep_merge(data, {"data": {"chat": TINY_CHAT}})
-    if flags or overrides:
+    if flags or overrides or opt_values:
         source = f"{source} (with overrides)"
     validated(data, SCHEMA, source)
     config: PipelineConfig = build(PipelineConfig, data)
@@ -261,6 +295,23 @@ def check(config: PipelineConfig, preset: ModelPreset, source: str) -> None:
             field="model_path",
             value=config.model_path,
         )
+    for stage, options in config.slurm.stages.items():
+        if options.nodes not in (None, 1) and stage != "train":
+            raise UserError(
+                "only the train stage spans several nodes (srun + torchrun)",
+                source=source,
+                field=f"slurm.stages.{stage}.nodes",
+                value=options.nodes,
+                fix="remove it" + ("; regen uses slurm.stages.regen.shards" if stage == "regen" else ""),
+            )
+        if options.shards is not None and stage != "regen":
+            raise UserError(
+                "only regen runs as a job array of shards",
+                source=source,
+                field=f"slurm.stages.{stage}.shards",
+                value=options.shards,
+                fix="remove it",
+            )
     if (
         config.draft == "dspark"
         and config.train.dspark.confidence_head_with_markov

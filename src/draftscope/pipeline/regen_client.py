@@ -352,6 +352,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--startup-timeout", type=float, default=1800.0)
     p.add_argument("--max-rows", type=int, default=None)
     p.add_argument("--logs", default=None, help="server logs (default: logs/ beside the stages folder)")
+    p.add_argument("--shard", type=int, default=None, help="with --shards N: rows k, k mod N == SHARD")
+    p.add_argument("--shards", type=int, default=None, help="how many shards the rows are split into")
+
+
+def shard_rows(rows: Sequence[Row], shard: int | None, shards: int | None) -> list[Row]:
+    """The rows of one shard: input rows k with k mod `shards` == `shard`, renumbered from 0, so that the shard's
+    rows spread over its own instances as a whole run's do (row k of the shard → instance k mod N)."""
+    if shard is None or shards is None or shards < 1 or not 0 <= shard < shards:
+        raise UserError("--shard I needs --shards N with 0 <= I < N", field="--shard", value=(shard, shards))
+    return [Row(j, r.id, r.data) for j, r in enumerate(r for r in rows if r.position % shards == shard)]
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -361,6 +371,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     commands = load_commands(args.commands)
     logs = Path(args.logs) if args.logs else Path(args.commands).parent.parent / "logs"
     rows = read_rows(Path(args.input), args.max_rows)
+    if args.shard is not None or args.shards is not None:
+        rows = shard_rows(rows, args.shard, args.shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = done_ids(out_dir / "rows.jsonl", {r.id for r in rows})
     kept = rotate_errors(out_dir / "errors.jsonl")
@@ -405,7 +417,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         shown = ", ".join(missing[:MISSING_SHOWN]) + (" …" if len(missing) > MISSING_SHOWN else "")
         raise UserError(f"{len(missing)} row(s) have neither a reply nor an error: {shown}",
                         fix="rerun the stage; it resumes by row id")  # fmt: skip
-    if not ok:
+    if rows and not ok:  # (a shard can be empty: fewer rows than shards)
         raise UserError(
             f"every row failed; see {out_dir / 'errors.jsonl'}", fix="read the server logs in logs/"
         )

@@ -13,7 +13,7 @@ the latest invocation; `invocations.jsonl` keeps one line per invocation.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, StageContext, hub_
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
 from draftscope.plan import CACHE_MOUNT, CREDENTIALS, Mount, Step, hub_cache_dir
 from draftscope.provenance import command_line, kit_info, now
-from draftscope.runtime import ContainerRuntime, Context, Runtime
+from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime
 
 Printer = Callable[[str], None]
 
@@ -205,7 +205,12 @@ def run_pipeline(plan: PipelinePlan, runtime: Runtime, *, force: bool = False, a
 
 
 def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context, *, force: bool,
-              say: Printer) -> StageOutcome:  # fmt: skip
+              say: Printer, execute: Callable[[Step, Context], Outcome] | None = None,
+              extra: Mapping[str, Any] | None = None, preconditions: bool = True) -> StageOutcome:  # fmt: skip
+    """Run one stage unless its record lets it be skipped, and record how it ended. `execute` replaces
+    `runtime.run` (the Slurm executor: a job array's shards merged, Slurm's stop classified), `extra` adds
+    fields to the record (the Slurm job), `preconditions=False` skips the inputs and free-ports check (a merge
+    starts no server); the skip check, the argv and the record are the same either way."""
     name = sp.stage.name
     argv = runtime.argv(sp.step, ctx)
     commands = [c.to_dict() for c in sp.commands]
@@ -217,7 +222,8 @@ def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context,
     if reason and not force:
         say(f"{name}: skipped ({reason})")
         return StageOutcome(name, "skipped", reason)
-    stage_preconditions(sp, plan.context)
+    if preconditions:
+        stage_preconditions(sp, plan.context)
     stages_dir = plan.workdir / STAGES_DIR
     if commands:
         atomic_write_json(stages_dir / f"{name}.commands.json", {"schema_version": 1, "stage": name,
@@ -226,7 +232,7 @@ def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context,
     result_file.unlink(missing_ok=True)
     say(f"{name}: running in {sp.step.image if runtime.name != 'local' else 'this environment'}")
     started_at = now()
-    outcome = runtime.run(sp.step, ctx)
+    outcome = (execute or runtime.run)(sp.step, ctx)
     result = read_json(result_file) if result_file.is_file() else {}
     status, why = outcome.status, outcome.reason
     notes = list(sp.notes)
@@ -254,6 +260,7 @@ def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context,
         "finished_at": now(),
         "seconds": round(outcome.seconds, 3),
         "notes": notes + list(result.get("notes") or []),
+        **(extra or {}),
     }
     state.write_record(plan.workdir, record)
     say(f"{name}: {status}" + (f" ({why})" if why else "") + f" in {outcome.seconds:.1f} s")

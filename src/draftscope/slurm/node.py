@@ -1,0 +1,312 @@
+"""Inside a Slurm job: run one stage (or one shard, or one node's part of training) through the runtime, merge
+a job array's shards, or remove a job's container.
+
+A stage's job calls the runner's own `run_stage`, so the skip check, the preconditions, the outputs' validation
+and the stage record are a local run's; the record gains a `slurm` entry (job id, nodes). Slurm stops a job with
+SIGTERM (then SIGKILL after KillWait): the step is stopped through the runtime — its container by name, or the
+local process group — and the record says why, read from Slurm: a time limit (`Reason=TimeLimit`) is
+`timed_out`, anything else (scancel, preemption) `interrupted`.
+
+Exit status: 0 when the stage completed (or was already complete), 1 when not, 2 for a user error, 143 when
+stopped before anything could be recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from draftscope.errors import UserError
+from draftscope.images import image_reference
+from draftscope.jsonio import atomic_write_json
+from draftscope.pipeline.plan import StagePlan
+from draftscope.plan import Step
+from draftscope.provenance import now
+from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime
+from draftscope.slurm import jobs, planfile, shards, states
+
+Say = Callable[[str], None]
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def job_id() -> str | None:
+    """This job's id as squeue shows it: `12`, or `12_3` for a task of array 12."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task is not None:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def slurm_entry(**more: Any) -> dict[str, Any]:
+    nodes = os.environ.get("SLURM_JOB_NODELIST")
+    entry: dict[str, Any] = {"job_id": job_id() or "none", "nodes": nodes}
+    entry.update({k: v for k, v in more.items() if v is not None})
+    return {"slurm": entry}
+
+
+@contextlib.contextmanager
+def stops_interrupt() -> Iterator[None]:
+    """Slurm's SIGTERM interrupts the wait for the step (as Ctrl-C does), once: the runtime then stops the step
+    and the record is written before KillWait runs out. A second SIGTERM is ignored while that happens."""
+
+    def stopped(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def own_state() -> states.JobState | None:
+    """This job's record in slurmctld (SLURM_JOB_ID is unique per array task too)."""
+    from draftscope.slurm import client
+
+    ident = os.environ.get("SLURM_JOB_ID")
+    if not ident:
+        return None
+    try:
+        found = client.show(ident)
+    except UserError:
+        return None
+    return found[0] if found else None
+
+
+def classified(run: Callable[[Step, Context], Outcome]) -> Callable[[Step, Context], Outcome]:
+    """`run`, with an interrupted outcome explained by Slurm: timed out, or cancelled / preempted."""
+
+    def execute(step: Step, ctx: Context) -> Outcome:
+        outcome = run(step, ctx)
+        if outcome.status == "interrupted" and os.environ.get("SLURM_JOB_ID"):
+            status, reason = states.stop_cause(own_state())
+            outcome = dataclasses.replace(outcome, status=status, reason=reason)
+        return outcome
+
+    return execute
+
+
+# --- run-step ---------------------------------------------------------------------------------------------------
+
+
+def run_step(plan_file: Path, stage: str, *, shard: int | None = None, rdzv_endpoint: str | None = None,
+             say: Say = say) -> int:  # fmt: skip
+    from draftscope.pipeline import runner
+
+    loaded = planfile.load(plan_file)
+    plan, runtime = loaded.plan, loaded.runtime
+    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    if stage == "fetch":
+        step = runner.fetch_step(plan)
+        if step is None:
+            say("fetch: the target snapshot is already in the hub cache")
+            return 0
+        outcome = classified(runtime.run)(step, ctx)
+        say(f"fetch: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+        return 0 if outcome.ok else 1
+    job = loaded.job(stage)
+    sp = loaded.stage(stage)
+    force = bool(loaded.doc["force"])
+    if job["kind"] == "shards":
+        if shard is None:
+            raise UserError(f"stage {stage} runs as a job array", field="--shard", fix="pass --shard I")
+        return run_shard(loaded, shard, say=say)
+    if job["kind"] == "torchrun":
+        return run_torchrun(loaded, rdzv_endpoint, say=say)
+    outcome = runner.run_stage(plan, sp, runtime, ctx, force=force, say=say, execute=classified(runtime.run),
+                               extra=slurm_entry())  # fmt: skip
+    return 0 if outcome.status in ("completed", "skipped") else 1
+
+
+def run_shard(loaded: planfile.Loaded, shard: int, *, say: Say = say) -> int:
+    """One task of regen's job array: the stage's step on this shard's rows; its outcome in slurm/shards/."""
+    from draftscope.pipeline import runner
+
+    plan, runtime = loaded.plan, loaded.runtime
+    sp = loaded.stage(shards.STAGE)
+    count = int(loaded.job(shards.STAGE)["shards"])
+    if not 0 <= shard < count:
+        raise UserError(f"regen has {count} shard(s)", field="--shard", value=shard)
+    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    workdir = plan.workdir
+    commands = shards.shard_commands(plan.context, shard)
+    sharded = dataclasses.replace(
+        sp, step=shards.shard_step(sp, plan.context, shard, count), commands=tuple(commands)
+    )
+    runner.stage_preconditions(sharded, plan.context)  # its input is there, its ports are free on this node
+    atomic_write_json(shards.commands_path(workdir, shard), {
+        "schema_version": 1, "stage": shards.STAGE, "commands": [c.to_dict() for c in commands]})  # fmt: skip
+    # The image's facts, read where it runs (the merge job's node may have no engine); a missing image fails here.
+    image = runtime.image_facts(sp.step.image) if isinstance(runtime, ContainerRuntime) else None
+    shards.result_path(workdir, shard).unlink(missing_ok=True)
+    (workdir / "logs" / shards.step_name(shard)).mkdir(parents=True, exist_ok=True)
+    say(f"regen: shard {shard} of {count}, running in "
+        f"{sp.step.image if runtime.name != 'local' else 'this environment'}")  # fmt: skip
+    started_at = now()
+    outcome = classified(runtime.run)(sharded.step, ctx)
+    record = {
+        "shard": shard,
+        "shards": count,
+        "status": outcome.status,
+        "reason": outcome.reason,
+        "exit_code": outcome.exit_code,
+        "seconds": round(outcome.seconds, 3),
+        "job_id": job_id(),
+        "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+        "nodes": os.environ.get("SLURM_JOB_NODELIST"),
+        "image": image,
+        "started_at": started_at,
+        "finished_at": now(),
+    }
+    path = shards.outcome_path(workdir, shard)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, record)
+    say(f"regen: shard {shard} {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else "")
+        + f" in {outcome.seconds:.1f} s")  # fmt: skip
+    return 0 if outcome.ok else 1
+
+
+def run_torchrun(loaded: planfile.Loaded, endpoint: str | None, *, say: Say = say) -> int:
+    """One node's part of training across nodes (one srun task per node). Node 0 runs the stage as a whole run
+    does and writes the record; the others run the same step (their torchrun joins the rendezvous)."""
+    from draftscope.pipeline import runner
+
+    plan = loaded.plan
+    config = plan.config
+    if not endpoint:
+        raise UserError("training across nodes needs the rendezvous host", field="--rdzv-endpoint",
+                        fix="run the job script, which passes the allocation's first node")  # fmt: skip
+    sp = loaded.stage("train")
+    shown, runtime = jobs.record_step(sp, loaded.runtime, config)
+    rank = os.environ.get("SLURM_NODEID", "0")
+    real = jobs.torchrun_argv(sp.step.argv, nnodes=os.environ.get("SLURM_NNODES", "1"), node_rank=rank,
+                              endpoint=endpoint, rdzv_id=os.environ.get("SLURM_JOB_ID", "draftscope"))  # fmt: skip
+    node_step = dataclasses.replace(sp.step, argv=real)
+    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    run = classified(runtime.run)
+
+    def execute(step: Step, ctx: Context) -> Outcome:
+        return run(node_step, ctx)  # the record shows the template; this node runs it with its values
+
+    if rank != "0":
+        # Every node decides to skip from the same record, so no torchrun waits for a rendezvous alone.
+        reason = skip_reason(plan.workdir, shown, runtime)
+        if reason and not loaded.doc["force"]:
+            say(f"train: node {rank}: skipped ({reason})")
+            return 0
+        outcome = execute(shown.step, ctx)
+        say(f"train: node {rank}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+        return 0 if outcome.ok else 1
+    entry = slurm_entry(node_count=int(os.environ.get("SLURM_NNODES", "1")), rendezvous=endpoint)
+    outcome = runner.run_stage(plan, shown, runtime, ctx, force=bool(loaded.doc["force"]), say=say,
+                               execute=execute, extra=entry)  # fmt: skip
+    return 0 if outcome.status in ("completed", "skipped") else 1
+
+
+def skip_reason(workdir: Path, sp: StagePlan, runtime: Runtime) -> str | None:
+    """Why the stage's record lets it be skipped, computed as `runner.run_stage` does (argv, commands, image
+    reference, inputs, outputs), without asking the container engine: the host that submits may have none."""
+    from draftscope.pipeline import state
+
+    ctx = Context(run_dir=workdir, run_id=workdir.name)
+    reference = image_reference(sp.step.image) if isinstance(runtime, ContainerRuntime) else None
+    config_hash = state.config_sha256(
+        runtime.argv(sp.step, ctx), [c.to_dict() for c in sp.commands], reference
+    )
+    return state.skip_reason(state.read_record(workdir, sp.stage.name), config_hash=config_hash,
+                             inputs=state.fingerprints(sp.inputs), outputs=sp.outputs)  # fmt: skip
+
+
+# --- merge and cleanup --------------------------------------------------------------------------------------------
+
+
+def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
+    """The job after a job array: account for every shard, merge their outputs, write the stage record."""
+    from draftscope.pipeline import runner
+
+    loaded = planfile.load(plan_file)
+    plan = loaded.plan
+    job = loaded.job(stage)
+    if job["kind"] != "shards":
+        raise UserError(f"stage {stage} is not a job array", field="--stage", value=stage)
+    count = int(job["shards"])
+    sp = loaded.stage(stage)
+    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    outcomes = [o for o in shards.shard_outcomes(plan.workdir, count) if o]
+    array = next((o.get("array_job_id") for o in outcomes), None)
+    runtime = loaded.runtime
+    if isinstance(runtime, ContainerRuntime):
+        image = next((o["image"] for o in outcomes if o.get("image")), None)
+        runtime = RecordedImage(runtime.engine, image or {"reference": image_reference(sp.step.image)})
+    say(f"{stage}: merging the {count} shard(s) of job array {array or '?'} here, in the kit's environment")
+
+    def execute(step: Step, ctx: Context) -> Outcome:
+        return shards.merged_outcome(plan, sp, count, job_id())
+
+    def tell(text: str) -> None:  # the merge runs here, in the kit, not in the stage's image
+        if not text.startswith(f"{stage}: running in "):
+            say(text)
+
+    # No preconditions: the merge starts no server (regen's ports may be taken on this node) and reads its input
+    # itself.
+    outcome = runner.run_stage(plan, sp, runtime, ctx, force=bool(loaded.doc["force"]), say=tell,
+                               execute=execute, extra=slurm_entry(array_job_id=array, shards=count),
+                               preconditions=False)  # fmt: skip
+    return 0 if outcome.status in ("completed", "skipped") else 1
+
+
+class RecordedImage(ContainerRuntime):
+    """The merge job's runtime: the engine's argv (the record's command and fingerprint are a run's), and the image
+    facts the shards read where they ran; it never calls the engine, which the merge job's node may lack."""
+
+    def __init__(self, engine: str, facts: dict[str, Any]) -> None:
+        super().__init__(engine)
+        self.facts = {"reference": facts.get("reference"), "id": facts.get("id"),
+                      "repo_digests": list(facts.get("repo_digests") or [])}  # fmt: skip
+
+    def image_facts(self, image: str) -> dict[str, Any]:
+        return dict(self.facts)
+
+
+def cleanup(plan_file: Path, stage: str, *, shard: int | None = None) -> int:
+    """Remove the job's container at once (the job script's SIGTERM trap): `scancel` ends the engine's client but
+    not the container it started. By name, which the runtime derives from the run directory and the step."""
+    from draftscope.runtime.base import container_name
+
+    doc = planfile.read(plan_file)
+    engine = doc["runtime"]
+    if engine not in ("docker", "podman"):
+        return 0
+    workdir = Path(doc["workdir"])
+    step = shards.step_name(shard) if shard is not None else stage
+    name = container_name(Context(run_dir=workdir, run_id=workdir.name), step)
+    # No grace: Slurm's SIGKILL follows within KillWait; --init has already passed SIGTERM to the step.
+    extra = ["--time", "0"] if engine == "podman" else []
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run([engine, "rm", "--force", *extra, name], capture_output=True, timeout=30, check=False)
+    return 0
+
+
+def main_guard(fn: Callable[[], int]) -> int:
+    """Run a node command under Slurm's SIGTERM handling: user errors as one line (exit 2), a stop before
+    anything could be recorded as 143."""
+    try:
+        with stops_interrupt():
+            return fn()
+    except UserError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("stopped (SIGTERM) before the step could be recorded", file=sys.stderr, flush=True)
+        return 143

@@ -1,0 +1,267 @@
+"""regen as a Slurm job array: each task regenerates one shard of the rows; a merge job accounts for all of them.
+
+Shard I of N takes input rows k with k mod N == I (`regen_client --shard I --shards N`, a split that does not
+depend on what earlier attempts finished) and runs the stage's own step with its own files, so that tasks on
+one node or one shared folder never touch each other's:
+- output `regen/shards/I/` (rows, errors, summary; a rerun resumes there by row id),
+- commands `stages/regen.shard-I.commands.json`: the stage's servers with ports moved up by I × instances
+  (CPU shards share a node; GPU shards have whole nodes, where the shift is harmless),
+- result `stages/regen.shard-I.result.json`, server logs `logs/regen.shard-I/`, container `…-regen.shard-I-…`.
+Each task writes how it ended to `slurm/shards/regen/I.json`.
+
+The merge job then checks every shard completed and accounts for every input row (ok + errors == input, no id
+twice, no row missing), and writes the stage's outputs as a single run writes them: `regen/rows.jsonl` and
+`regen/errors.jsonl` as the shards wrote each line, in input order, and `regen/summary.json` (schema
+`stage-regen`) with every shard's instances. With one instance and one request at a time these files are
+byte-identical to a single run's.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from draftscope.errors import UserError
+from draftscope.jsonio import atomic_write_json, read_json
+from draftscope.pipeline.base import Command, ResolvedInstance, StageContext
+from draftscope.pipeline.plan import PipelinePlan, StagePlan
+from draftscope.plan import Step
+from draftscope.runtime import Outcome
+from draftscope.schema import check
+from draftscope.slurm.jobs import SLURM_DIR
+from draftscope.slurm.states import worst
+
+STAGE = "regen"
+MAX_PORT = 65535
+
+
+def step_name(shard: int) -> str:
+    return f"{STAGE}.shard-{shard}"
+
+
+def output_dir(workdir: Path, shard: int) -> Path:
+    return workdir / STAGE / "shards" / str(shard)
+
+
+def outcome_path(workdir: Path, shard: int) -> Path:
+    return workdir / SLURM_DIR / "shards" / STAGE / f"{shard}.json"
+
+
+def commands_path(workdir: Path, shard: int) -> Path:
+    return workdir / "stages" / f"{step_name(shard)}.commands.json"
+
+
+def result_path(workdir: Path, shard: int) -> Path:
+    return workdir / "stages" / f"{step_name(shard)}.result.json"
+
+
+def shard_commands(ctx: StageContext, shard: int) -> list[Command]:
+    """The stage's servers for one shard: the same commands, ports moved up by shard × instances."""
+    from draftscope.pipeline import regen
+
+    found = regen.instances(ctx)
+    shift = shard * len(found)
+    top = max(i.port for i in found) + shift
+    if top > MAX_PORT:
+        raise UserError(f"shard {shard} would need port {top}", field="regen.base_port",
+                        fix="lower regen.base_port or use fewer shards")  # fmt: skip
+    return [regen.server_command(ctx, ResolvedInstance(i.index, i.gpus, i.tp, i.port + shift)) for i in found]
+
+
+def _set(argv: list[str], flag: str, value: str, *, required: bool = True) -> None:
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    elif required:  # the regen argv changed shape: the shard would share files with the others
+        raise RuntimeError(f"the regen argv has no {flag}")
+    else:
+        argv += [flag, value]
+
+
+def shard_step(sp: StagePlan, ctx: StageContext, shard: int, shards: int) -> Step:
+    """The stage's step for one shard: the same argv with the shard's rows, files and ports."""
+    at = ctx.layout.at
+    argv = list(sp.step.argv)
+    _set(argv, "--commands", at("stages", f"{step_name(shard)}.commands.json"))
+    _set(argv, "--output-dir", at(STAGE, "shards", str(shard)))
+    _set(argv, "--result", at("stages", f"{step_name(shard)}.result.json"))
+    _set(argv, "--logs", at("logs", step_name(shard)), required=False)
+    argv += ["--shard", str(shard), "--shards", str(shards)]
+    return replace(sp.step, name=step_name(shard), argv=tuple(argv))
+
+
+# --- the merge job ----------------------------------------------------------------------------------------------
+
+
+def shard_outcomes(workdir: Path, shards: int) -> list[dict[str, Any] | None]:
+    found: list[dict[str, Any] | None] = []
+    for i in range(shards):
+        path = outcome_path(workdir, i)
+        try:
+            found.append(read_json(path) if path.is_file() else None)
+        except Exception:  # a torn file: the shard did not finish recording
+            found.append(None)
+    return found
+
+
+def not_completed(outcomes: Sequence[dict[str, Any] | None], array_log: str) -> tuple[str, str] | None:
+    """(status, reason) when a shard did not complete; None when all did."""
+    bad = [(i, o) for i, o in enumerate(outcomes) if o is None or o.get("status") != "completed"]
+    if not bad:
+        return None
+    status = worst("failed" if o is None else str(o.get("status")) for _, o in bad)
+    i, o = next((i, o) for i, o in bad if ("failed" if o is None else o.get("status")) == status)
+    n = len(outcomes)
+    if o is None:
+        why = f"shard {i} of {n} ended without recording how (killed, out of memory or a lost node): see {array_log}"
+    else:
+        why = f"shard {i} of {n} (job {o.get('job_id')}): {o.get('status')}: {o.get('reason')}"
+    more = len(bad) - 1
+    return status, why + (f"; {more} more shard(s) did not complete" if more else "")
+
+
+def _index(path: Path) -> dict[str, tuple[int, int]]:
+    """Row id → (offset, length) of its line: the merge copies lines without holding a shard's rows in memory."""
+    import json
+
+    found: dict[str, tuple[int, int]] = {}
+    if path.is_file():
+        with path.open("rb") as handle:
+            offset = 0
+            for line in handle:
+                if line.strip():
+                    found[str(json.loads(line)["id"])] = (offset, len(line))
+                offset += len(line)
+    return found
+
+
+def _copy(
+    sources: Sequence[Path], where: dict[str, tuple[int, int, int]], order: Iterable[str]
+) -> Iterator[bytes]:
+    """The lines of `order`'s ids, each read from its shard file (`where`: id → shard, offset, length)."""
+    handles = [path.open("rb") if path.is_file() else None for path in sources]
+    try:
+        for row_id in order:
+            if row_id in where:
+                shard, offset, length = where[row_id]
+                handle = handles[shard]
+                assert handle is not None
+                handle.seek(offset)
+                line = handle.read(length)
+                yield line if line.endswith(b"\n") else line + b"\n"
+    finally:
+        for handle in handles:
+            if handle is not None:
+                handle.close()
+
+
+def _write_lines(path: Path, lines: Iterable[bytes]) -> None:
+    """Stream into a temporary file beside `path`, then rename: readers never see half a merge."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for line in lines:
+                handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def merge(plan: PipelinePlan, shards: int) -> dict[str, Any]:
+    """Account for every row over the shards and write the stage's outputs; the merged counts. UserError when a
+    row is missing, twice, or the shards disagree."""
+    from draftscope.pipeline.regen_client import account, read_rows, shard_rows
+
+    workdir = plan.workdir
+    chat = plan.context.inputs.get("chat")
+    if chat is None:
+        raise UserError("regen reads chat rows and none are configured", field="data.chat")
+    rows = read_rows(chat, plan.config.data.max_rows)
+    ok_lines: dict[str, tuple[int, int, int]] = {}  # id → shard, offset, length
+    error_lines: dict[str, tuple[int, int, int]] = {}
+    instances: list[dict[str, Any]] = []
+    sampling = None
+    for i in range(shards):
+        folder = output_dir(workdir, i)
+        ok, errors, missing = account(shard_rows(rows, i, shards), folder)
+        if missing:
+            raise UserError(f"shard {i}: {len(missing)} row(s) have neither a reply nor an error "
+                            f"(e.g. {missing[0]!r})", source=str(folder), fix="resubmit; the shard resumes")  # fmt: skip
+        lines = _index(folder / "rows.jsonl")
+        ok_lines.update((k, (i, *lines[k])) for k in ok)
+        errs = _index(folder / "errors.jsonl")
+        error_lines.update((k, (i, *errs[k])) for k in errors)
+        summary = read_json(folder / "summary.json")
+        if sampling is None:
+            sampling = summary["sampling"]
+        elif summary["sampling"] != sampling:
+            raise UserError(f"shard {i} used other sampling settings than shard 0", source=str(folder),
+                            fix="resubmit the stage with --force")  # fmt: skip
+        base = len(instances)
+        instances += [{**inst, "index": base + j} for j, inst in enumerate(summary["instances"])]
+    out = workdir / STAGE
+    out.mkdir(parents=True, exist_ok=True)
+    folders = [output_dir(workdir, i) for i in range(shards)]
+    order = [r.id for r in rows]
+    _write_lines(out / "rows.jsonl", _copy([f / "rows.jsonl" for f in folders], ok_lines, order))
+    _write_lines(out / "errors.jsonl", _copy([f / "errors.jsonl" for f in folders], error_lines, order))
+    summary = {
+        "schema_version": 1,
+        "input": len(rows),
+        "ok": len(ok_lines),
+        "errors": len(error_lines),
+        "missing": [],
+        "instances": instances,
+        "sampling": sampling,
+    }
+    check(summary, "stage-regen", str(out / "summary.json"))
+    atomic_write_json(out / "summary.json", summary)
+    if not ok_lines:
+        raise UserError(f"every row failed; see {out / 'errors.jsonl'}", fix="read the server logs in logs/")
+    return {"input": len(rows), "ok": len(ok_lines), "errors": len(error_lines), "shards": shards}
+
+
+def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str | None) -> Outcome:
+    """The merge job's step: the shards' outcomes checked, their files merged, the result file written for the
+    stage record (versions of shard 0's image, counts summed)."""
+    import time
+
+    from draftscope.pipeline.__main__ import RESULT_SCHEMA_VERSION
+
+    started = time.monotonic()
+    workdir = plan.workdir
+    outcomes = shard_outcomes(workdir, shards)
+    array = next((o.get("array_job_id") for o in outcomes if o), None) or "?"
+    log = workdir / "logs" / f"slurm-{STAGE}-{array}_<shard>.out"
+    failed = not_completed(outcomes, str(log))
+    if failed:
+        status, reason = failed
+        return Outcome(sp.stage.name, status, None, time.monotonic() - started, reason, None)
+    try:
+        counts = merge(plan, shards)
+    except UserError as exc:
+        return Outcome(sp.stage.name, "failed", None, time.monotonic() - started, exc.render(), None)
+    results = [read_json(p) for p in (result_path(workdir, i) for i in range(shards)) if p.is_file()]
+    for key in ("retries", "resumed"):
+        counts[key] = sum(int((r.get("counts") or {}).get(key, 0)) for r in results)
+    seconds = max(
+        float(o.get("seconds", 0)) for o in outcomes if o
+    )  # the longest shard: the array's wall time
+    atomic_write_json(workdir / "stages" / f"{STAGE}.result.json", {
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "stage": STAGE,
+        "exit_code": 0,
+        "seconds": round(seconds, 3),
+        "versions": dict((results[0].get("versions") or {}) if results else {}),
+        "counts": counts,
+        "notes": [f"ran as Slurm job array {array} of {shards} shard(s) (rows k with k mod {shards} == shard), "
+                  f"each the argv above with --shard/--shards and its own files; merged by job {job_id}"],
+    })  # fmt: skip
+    return Outcome(sp.stage.name, "completed", 0, seconds + time.monotonic() - started, None, None)

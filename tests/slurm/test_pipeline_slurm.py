@@ -1,0 +1,419 @@
+"""The tiny pipeline's CPU stages as real Slurm jobs (`--executor slurm --runtime local`) on a single-node cluster:
+a two-shard regen job array merged by a dependent job, then pretokenize after it (issue #10, acceptance 2 and 3).
+
+- the outputs equal a local run's, byte for byte (regen is greedy; one request at a time keeps the order);
+- a resubmission submits only what is not complete;
+- a cancelled job leaves no process behind, and the stage records why; Ctrl-C cancels every submitted job;
+- a job past its Slurm time limit marks the stage `timed_out`;
+- every sbatch / srun option the kit writes exists in this Slurm, and refusals come before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from draftscope.jsonio import read_json
+from draftscope.schema import problems
+
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slurm
+
+INVOKE_PIPELINE = (
+    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
+    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
+)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "chat.jsonl"
+
+
+def free_ports(count: int) -> int:
+    """A base port with `count` consecutive free ports (the shards' servers take base + shard)."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + count < 65536 and all(port_is_free(base + i) for i in range(count)):
+            return base
+    raise AssertionError("no free port block")
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pipeline_argv(workdir: Path, *args: str, opts: list[str]) -> list[str]:
+    argv = [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "tiny", "--runtime", "local",
+            "--workdir", str(workdir), *args]  # fmt: skip
+    for opt in opts:
+        argv += ["--opts", opt]
+    return argv
+
+
+def run(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def long_chat(path: Path, rows: int = 2000) -> Path:
+    """Many rows, so that regen is still running when it is cancelled or reaches its time limit."""
+    base = [json.loads(line) for line in EXAMPLES.read_text().splitlines() if line.strip()]
+    with path.open("w") as handle:
+        for k in range(rows):
+            handle.write(json.dumps({**base[k % len(base)], "id": f"long-{k:05d}"}) + "\n")
+    return path
+
+
+def leftovers(*needles: str) -> list[str]:
+    """Live processes whose command line mentions any of the needles (a workdir, a server's port)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(n in cmdline for n in needles):
+            found.append(f"{entry.name}: {cmdline[:160]}")
+    return found
+
+
+def assert_nothing_left(workdir: Path, ports: list[int], timeout: float = 20) -> None:
+    needles = [str(workdir), *(f"--port {p}" for p in ports)]
+    deadline = time.monotonic() + timeout
+    while leftovers(*needles) or not all(port_is_free(p) for p in ports):
+        assert time.monotonic() < deadline, f"left running: {leftovers(*needles)}"
+        time.sleep(0.2)
+
+
+def ledger(workdir: Path) -> dict:
+    return read_json(workdir / "slurm" / "jobs.json")
+
+
+def wait_for_rows(folder: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(p.stat().st_size for p in folder.glob("shards/*/rows.jsonl")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no regenerated rows appeared"
+        time.sleep(0.2)
+
+
+def squeue(job_ids: list[str]) -> str:
+    return run(["squeue", "-h", "-j", ",".join(job_ids)], timeout=30).stdout.strip()
+
+
+# --- a run, compared with a local one, then resubmitted -------------------------------------------------------------
+
+
+def test_a_sharded_run_matches_a_local_run_and_resubmits_only_what_is_incomplete(cluster, tmp_path):
+    port = free_ports(2)
+    opts = ["data.max_rows=12", "regen.concurrency=1", f"regen.base_port={port}", "regen.max_tokens=32"]
+    slurm_opts = [*opts, "slurm.stages.regen.shards=2", "slurm.poll_interval_s=0.5"]
+    local, cluster_dir = tmp_path / "local", tmp_path / "slurm"
+    done = run(pipeline_argv(local, "--stage", "regen,pretokenize", opts=opts))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    started = time.monotonic()
+    argv = pipeline_argv(cluster_dir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=slurm_opts)
+    done = run(argv)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(f"slurm run: {seconds:.1f} s")
+
+    # Acceptance 3: the deterministic outputs are the local run's, byte for byte.
+    for rel in ("regen/rows.jsonl", "regen/errors.jsonl", "pretokenize/rows.jsonl", "pretokenize/stats.json"):
+        assert sha256(cluster_dir / rel) == sha256(local / rel), rel
+    summary = read_json(cluster_dir / "regen" / "summary.json")
+    assert (summary["input"], summary["ok"], [i["rows"] for i in summary["instances"]]) == (12, 12, [6, 6])
+
+    # The records: the local run's command (so either run skips the other's stage), plus the Slurm job.
+    jobs = {j["key"]: j for j in ledger(cluster_dir)["submissions"][-1]["jobs"]}
+    assert [j["status"] for j in jobs.values()] == ["completed"] * 3
+    regen, merge, pre = jobs["regen"], jobs["regen.merge"], jobs["pretokenize"]
+    assert regen["array"] == "0-1" and sorted(t["job_id"] for t in regen["tasks"]) == [
+        f"{regen['job_id']}_0", f"{regen['job_id']}_1"]  # fmt: skip
+    assert merge["dependency"] == f"afterany:{regen['job_id']}"
+    assert pre["dependency"] == f"afterok:{merge['job_id']}"
+    for stage, writer in (("regen", merge["job_id"]), ("pretokenize", pre["job_id"])):
+        record = read_json(cluster_dir / "stages" / f"{stage}.json")
+        assert problems(record, "stage-record") == [] and record["status"] == "completed"
+        assert record["slurm"]["job_id"] == writer
+    assert read_json(cluster_dir / "stages" / "regen.json")["slurm"]["array_job_id"] == regen["job_id"]
+    for name in (f"slurm-regen-{regen['job_id']}_0.out", f"slurm-regen-{regen['job_id']}_1.out",
+                 f"slurm-regen.merge-{merge['job_id']}.out", f"slurm-pretokenize-{pre['job_id']}.out"):  # fmt: skip
+        assert (cluster_dir / "logs" / name).is_file(), name
+    assert_nothing_left(cluster_dir, [port, port + 1], timeout=5)
+    # The records hold a local run's command: a local run in the same workdir skips both stages.
+    here = run(pipeline_argv(cluster_dir, "--stage", "regen,pretokenize", opts=opts))
+    assert here.returncode == 0 and "regen: skipped" in here.stdout and "pretokenize: skipped" in here.stdout
+
+    # A resubmission of a complete pipeline submits nothing; of a partly complete one, only the rest.
+    again = run(argv)
+    assert again.returncode == 0, again.stderr
+    assert "regen: skipped" in again.stdout and "pretokenize: skipped" in again.stdout
+    assert len(ledger(cluster_dir)["submissions"]) == 1
+    (cluster_dir / "stages" / "pretokenize.json").unlink()
+    rest = run(argv)
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert "regen: skipped" in rest.stdout and re.search(
+        r"submitted 1 job\(s\): pretokenize \d+", rest.stdout
+    )
+    assert sha256(cluster_dir / "pretokenize" / "rows.jsonl") == sha256(local / "pretokenize" / "rows.jsonl")
+
+
+# --- stopping jobs --------------------------------------------------------------------------------------------------
+
+
+def test_a_cancelled_job_leaves_no_process_and_the_stage_says_why(cluster, tmp_path):
+    port = free_ports(2)
+    workdir = tmp_path / "w"
+    opts = [f"data.chat={long_chat(tmp_path / 'chat.jsonl')}", f"regen.base_port={port}",
+            "slurm.stages.regen.shards=2", "slurm.poll_interval_s=0.5"]  # fmt: skip
+    proc = subprocess.Popen(pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for_rows(workdir / "regen", proc)
+    array = next(j for j in ledger(workdir)["submissions"][-1]["jobs"] if j["key"] == "regen")["job_id"]
+    cancelled = run(["scancel", array], timeout=30)
+    assert cancelled.returncode == 0, cancelled.stderr
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    assert "regen: interrupted" in err and "was cancelled (scancel)" in err
+    assert_nothing_left(workdir, [port, port + 1])
+    # The merge job (afterany) recorded the stage; pretokenize (afterok) never ran.
+    record = read_json(workdir / "stages" / "regen.json")
+    assert record["status"] == "interrupted" and record["reason"].startswith("shard ")
+    jobs = {j["key"]: j for j in ledger(workdir)["submissions"][-1]["jobs"]}
+    assert {t["state"] for t in jobs["regen"]["tasks"]} == {"CANCELLED"}
+    assert (
+        jobs["pretokenize"]["status"] == "interrupted"
+        and not (workdir / "stages" / "pretokenize.json").exists()
+    )
+    for shard in (0, 1):
+        outcome = read_json(workdir / "slurm" / "shards" / "regen" / f"{shard}.json")
+        assert outcome["status"] == "interrupted" and "was cancelled (scancel)" in outcome["reason"]
+
+
+def test_ctrl_c_cancels_every_submitted_job(cluster, tmp_path):
+    port = free_ports(1)
+    workdir = tmp_path / "w"
+    opts = [
+        f"data.chat={long_chat(tmp_path / 'chat.jsonl')}",
+        f"regen.base_port={port}",
+        "slurm.poll_interval_s=0.5",
+    ]
+    proc = subprocess.Popen(pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for_rows(workdir / "regen", proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    assert "interrupted: cancelling job(s)" in out and "regen: interrupted" in err
+    ids = [j["job_id"] for j in ledger(workdir)["submissions"][-1]["jobs"]]
+    assert len(ids) == 3 and squeue(ids) == ""  # nothing of the chain queued or running
+    assert_nothing_left(workdir, [port])
+    # The running shard recorded how it ended; the merge job was cancelled before it could start.
+    outcome = read_json(workdir / "slurm" / "shards" / "regen" / "0.json")
+    assert outcome["status"] == "interrupted" and "was cancelled (scancel)" in outcome["reason"]
+    assert not (workdir / "stages" / "regen.json").exists()
+
+
+def test_a_job_past_its_time_limit_marks_the_stage_timed_out(cluster, tmp_path):
+    """Slurm's limits are whole minutes, checked about every 30 s: this takes 60–90 s."""
+    port = free_ports(1)
+    workdir = tmp_path / "w"
+    opts = [f"data.chat={long_chat(tmp_path / 'chat.jsonl', rows=6000)}", f"regen.base_port={port}",
+            "slurm.stages.regen.time_limit_s=30", "slurm.poll_interval_s=1"]  # fmt: skip
+    done = run(
+        pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts), timeout=280
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "regen: timed_out" in done.stderr and "Slurm time limit of 00:01:00 reached" in done.stderr
+    record = read_json(workdir / "stages" / "regen.json")
+    assert record["status"] == "timed_out" and problems(record, "stage-record") == []
+    jobs = {j["key"]: j for j in ledger(workdir)["submissions"][-1]["jobs"]}
+    assert [t["state"] for t in jobs["regen"]["tasks"]] == ["TIMEOUT"] and jobs["regen"][
+        "status"
+    ] == "timed_out"
+    assert "#SBATCH --time=0-00:01:00" in (workdir / "slurm" / "regen.sbatch").read_text()
+    assert_nothing_left(workdir, [port])
+
+
+# --- what the kit asks of Slurm ---------------------------------------------------------------------------------------
+
+
+def test_every_option_the_kit_writes_exists_in_this_slurm(cluster):
+    """sbatch parses a script's #SBATCH lines before it asks slurmctld anything: an unknown option is refused on
+    its own ("unrecognized option"), whatever the cluster then thinks of the resources (no GPU here)."""
+    from draftscope.pipeline import plan as planning
+    from draftscope.pipeline import registry
+    from draftscope.pipeline.config import load_pipeline_config
+    from draftscope.runtime import get_runtime
+    from draftscope.slurm import client, jobs
+
+    def unrecognized(script: str) -> str:
+        done = subprocess.run(
+            ["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=30
+        )
+        return "\n".join(line for line in done.stderr.splitlines() if "unrecognized option" in line)
+
+    assert unrecognized("#!/bin/bash\n#SBATCH --no-such-option=1\ntrue\n")  # the check can fail
+    resolved = load_pipeline_config(
+        preset="qwen38-27b",
+        opts=["time_limits.train=3600", "slurm.mem=64G", "slurm.cpus_per_task=8"],
+        overrides={"slurm": {"nodes": 2, "partition": "gpu", "account": "a", "qos": "q"}},
+    )
+    plan = planning.build(resolved, registry.select("all"), Path("/tmp/w"), "docker")
+    jp = jobs.build(plan, get_runtime("docker"), python=sys.executable, fetch=True)
+    scripts = [jobs.render(jp, j) for j in jp.jobs]
+    used = set(re.findall(r"^#SBATCH (--[a-z-]+)", "\n".join(scripts), re.M))
+    assert {
+        "--array",
+        "--gres",
+        "--exclusive",
+        "--time",
+        "--mem",
+        "--open-mode",
+        "--account",
+        "--qos",
+    } <= used
+    assert [unrecognized(script) for script in scripts] == [""] * len(scripts)
+    submit = client.submit_argv("-", "afterok:1")  # the submission's own options, the script on stdin
+    done = subprocess.run([*submit[:-1], "--test-only"], input="#!/bin/bash\ntrue\n", capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert "unrecognized option" not in done.stderr, done.stderr
+    srun_line = next(line for line in "\n".join(scripts).splitlines() if line.startswith("srun "))
+    srun_help = run(["srun", "--help"]).stdout
+    assert [
+        o for o in re.findall(r"(--[a-z-]+)", srun_line) if not re.search(rf"{o}[=\s\[]", srun_help)
+    ] == []
+    assert run(["scontrol", "show", "hostnames", "gpu[1-2]"]).stdout.split() == [
+        "gpu1",
+        "gpu2",
+    ]  # the head node
+
+
+def test_slurm_refuses_before_anything_is_written(cluster, tmp_path):
+    workdir = tmp_path / "w"
+    bad = run(pipeline_argv(workdir, "--stage", "pretokenize", "--executor", "slurm", "--partition", "nope",
+                            opts=[]), timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
+    assert "--partition: Slurm refused job pretokenize" in bad.stderr and "invalid partition" in bad.stderr
+    assert "use one of this cluster's partitions (debug" in bad.stderr
+    big = run(pipeline_argv(workdir, "--stage", "pretokenize", "--executor", "slurm",
+                            opts=["slurm.stages.pretokenize.cpus_per_task=512"]), timeout=60)  # fmt: skip
+    assert big.returncode == 2 and "slurm.stages.pretokenize" in big.stderr, big.stderr
+    # A GPU preset from a host without GPUs (a login node) gets as far as Slurm, which finds no GPU node here.
+    argv = pipeline_argv(
+        workdir, "--stage", "regen", "--executor", "slurm", opts=["data.chat=examples/chat.jsonl"]
+    )
+    argv[argv.index("tiny")] = "qwen38-27b"
+    argv[argv.index("local")] = "docker"
+    gpu = run(argv, timeout=60)
+    assert gpu.returncode == 2 and "Slurm refused job regen" in gpu.stderr, gpu.stderr
+    assert "gres" in gpu.stderr.lower() and "slurm.stages.regen" in gpu.stderr
+    assert not workdir.exists()
+
+
+# --- a container started by a job ------------------------------------------------------------------------------------
+
+
+def sleeper_image(tmp_path: Path, env: dict[str, str]) -> None:
+    """A private podman store holding a 2 MB image under the train image's reference: the host's dash, sleep and
+    libc, whose entrypoint sleeps whatever the command (the stage's argv is ignored). The shared store is left
+    alone; jobs find this one through CONTAINERS_STORAGE_CONF, which sbatch passes on."""
+    from draftscope.images import image_reference
+
+    root = tmp_path / "rootfs"
+    files = {"/bin/dash": "bin/sh", "/usr/bin/sleep": "usr/bin/sleep"}
+    for binary in list(files):
+        for line in run(["ldd", binary], timeout=30).stdout.splitlines():
+            path = next((w for w in line.split() if w.startswith("/")), None)
+            if path:
+                files[path] = path.lstrip("/")
+    for source, target in files.items():
+        (root / target).parent.mkdir(parents=True, exist_ok=True)
+        (root / target).write_bytes(Path(source).read_bytes())
+        (root / target).chmod(0o755)
+    (root / "tmp").mkdir()
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tmp_path / "rootfs.tar"), "."], check=True)
+    imported = subprocess.run(
+        ["podman", "import", "--change", 'ENTRYPOINT ["/bin/sh", "-c", "exec /usr/bin/sleep 600", "sh"]',
+         str(tmp_path / "rootfs.tar"), image_reference("train")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+
+
+def test_a_cancelled_job_removes_its_podman_container(cluster, tmp_path):
+    """FACTS: scancel alone leaves a podman container running (conmon leaves the job's process tree)."""
+    import shutil
+
+    if shutil.which("podman") is None or shutil.which("catatonit") is None:
+        pytest.skip("needs podman and catatonit (images/local/podman-engine.sh install)")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{store}/graph"\nrunroot = "{store}/runroot"\n'
+    )
+    env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(store / "storage.conf")}
+    sleeper_image(tmp_path, env)
+
+    def containers() -> list[str]:
+        done = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                              env=env, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    workdir = tmp_path / "w"
+    argv = pipeline_argv(
+        workdir, "--stage", "pretokenize", "--executor", "slurm", opts=["slurm.poll_interval_s=0.5"]
+    )
+    argv[argv.index("local")] = "podman"
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not containers():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the job's container did not start"
+            time.sleep(0.2)
+        (name,) = containers()
+        assert name.startswith("ds-w-pretokenize-")
+        job = ledger(workdir)["submissions"][-1]["jobs"][0]["job_id"]
+        assert run(["scancel", job], timeout=30).returncode == 0
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1 and "pretokenize: interrupted" in err, out + err
+        deadline = time.monotonic() + 10
+        while containers() or leftovers(name, str(workdir)):
+            assert time.monotonic() < deadline, f"left behind: {containers()} {leftovers(name, str(workdir))}"
+            time.sleep(0.2)
+        record = read_json(workdir / "stages" / "pretokenize.json")
+        assert record["status"] == "interrupted" and record["image"]["reference"].endswith(
+            "draftscope-train:0.1.0"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(
+            ["podman", "rm", "--all", "--force", "--time", "0"], capture_output=True, env=env, timeout=60
+        )
