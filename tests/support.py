@@ -31,3 +31,31 @@ def tiny_benchmark(runtime: str = "local", *extra: str) -> list[str]:
         "benchmark", "--backend", "transformers", "--preset", "tiny", "--device", "cpu", "--runtime", runtime,
         "--prompts", "examples/prompts.json", *extra,
     ]  # fmt: skip
+
+
+# `invoke pipeline …` through the pipeline's own tasks, in a fresh interpreter (the environment decides which kit).
+INVOKE_PIPELINE = (
+    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
+    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
+)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens there (connections in TIME_WAIT do not count, as for a server binding it)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

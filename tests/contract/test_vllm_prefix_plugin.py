@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from releases import Release, ReleaseUnavailable, release_wheel
+from releases import Release, pinned_release
 
 from draftscope.bench.backends import vllm as V
 
@@ -44,10 +44,7 @@ EMBEDDING = "vllm.model_executor.layers.vocab_parallel_embedding"
 
 @pytest.fixture(scope="module")
 def vllm() -> Release:
-    try:
-        return Release(release_wheel("vllm", V.PINNED_VERSION, platform=PLATFORM))
-    except ReleaseUnavailable as exc:
-        pytest.fail(str(exc))
+    return pinned_release("vllm", V.PINNED_VERSION, platform=PLATFORM)
 
 
 # --- reading the release ----------------------------------------------------------------------------------------

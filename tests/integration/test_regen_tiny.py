@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,18 +20,9 @@ pytest.importorskip("transformers")
 from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
+from support import INVOKE_PIPELINE, free_port, port_is_free
+
 pytestmark = pytest.mark.integration
-
-INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
-    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def pipeline_argv(workdir: Path, port: int, *opts: str) -> list[str]:
@@ -67,17 +57,6 @@ def assert_complete(workdir: Path, rows: int) -> dict:
     assert summary["input"] == rows and summary["ok"] + summary["errors"] == rows and summary["missing"] == []
     assert summary["ok"] == len(ids)
     return summary
-
-
-def port_is_free(port: int) -> bool:
-    """Nothing listens there (connections in TIME_WAIT do not count, as for a server binding it)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_regen_runs_records_and_skips(tmp_path):

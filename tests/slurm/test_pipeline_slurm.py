@@ -26,14 +26,12 @@ import pytest
 from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
+from support import INVOKE_PIPELINE, port_is_free
+
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.slurm
 
-INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
-    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
-)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "chat.jsonl"
 
 
@@ -46,16 +44,6 @@ def free_ports(count: int) -> int:
         if base + count < 65536 and all(port_is_free(base + i) for i in range(count)):
             return base
     raise AssertionError("no free port block")
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def pipeline_argv(workdir: Path, *args: str, opts: list[str]) -> list[str]:
