@@ -1,7 +1,7 @@
 """The vLLM prefix-head plugin on a CPU, against fakes of the vLLM pieces it touches.
 
 vLLM cannot be imported here (it needs CUDA), so the plugin's `_symbol` is pointed at fakes shaped exactly like
-the pinned 0.33.0 classes (read from the release wheel by `tests/contract/test_vllm_prefix_plugin.py`):
+the pinned 0.33.0 classes (read from the release wheel by `tests/contract/test_vllm_prefix_plugin_names.py`):
 
 - `FakePluggableLayer` / `FakeLogitsProcessor`: `vllm.model_executor.custom_op.PluggableLayer` (its `__new__`
   redirect through `op_registry_oot`, `register_oot(cls, _decorated_layer_cls=None, name=None)`) and
