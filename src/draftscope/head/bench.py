@@ -154,64 +154,15 @@ def parse_list(
 
 def build_chunked(weight: Any, group_size: int | None = None, chunk_rows: int = CHUNK_ROWS,
                   progress: Callable[[int, int], None] | None = None) -> Any:  # fmt: skip
-    """`QuantizedHead.build(weight, group_size)` chunk by chunk of rows, with the same float64 operations on each
-    element in the same order (so identical tensors; tested), reusing one float64 buffer of `chunk_rows` rows
-    instead of allocating several of the whole head (~10 GB each at V = 248320)."""
-    torch = _torch()
-    from draftscope.head.exact import PAD, up_to_f32
-    from draftscope.head.quant import QMAX, QuantizedHead
+    """`QuantizedHead.build` with this benchmark's chunk size and a progress callback."""
+    from draftscope.head.quant import QuantizedHead
 
-    if weight.dim() != 2:
-        raise ValueError(f"the head weight must be [vocab, hidden], got shape {tuple(weight.shape)}")
-    vocab, hidden = weight.shape
-    g = hidden if group_size in (None, 0) else int(group_size)
-    if g <= 0 or hidden % g:
-        raise ValueError(f"group_size {g} does not divide the hidden size {hidden}")
-    groups = hidden // g
-    dev = weight.device
-    q = torch.empty(vocab, hidden, dtype=torch.int8, device=dev)
-    tables = {name: torch.empty(vocab, groups, dtype=torch.float32, device=dev)
-              for name in ("scales", "err_l2", "err_linf", "w_linf", "q_linf")}  # fmt: skip
-    buf = torch.empty(min(chunk_rows, vocab), groups, g, dtype=torch.float64, device=dev)
-    pad = 1 + PAD
-    for start in range(0, vocab, chunk_rows):
-        w = weight[start : start + chunk_rows].detach().view(-1, groups, g)
-        rows = w.shape[0]
-        if not torch.isfinite(w).all():
-            raise ValueError("the head weight has non-finite values; no bound holds")
-        t = buf[:rows]
-        amax = w.abs().amax(dim=2).to(torch.float64)  # exact in the weight's own dtype
-        scales = (amax / QMAX).to(torch.float32)
-        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-        s64 = scales.to(torch.float64)[:, :, None]
-        torch.div(w, s64, out=t)  # w / s in float64 (the weight converts exactly), as build does
-        t.round_().clamp_(-QMAX, QMAX)
-        q8 = t.to(torch.int8)
-        q_absmax = q8.abs().amax(dim=2).to(torch.float64)
-        t.mul_(s64)
-        torch.sub(w, t, out=t)  # err = w − q·s, exact in float64
-        err_linf = torch.maximum(t.amax(dim=2), -t.amin(dim=2))
-        err_l2 = t.square_().sum(dim=2).sqrt()
-        stop = start + rows
-        q[start:stop] = q8.view(rows, hidden)
-        tables["scales"][start:stop] = scales
-        tables["err_l2"][start:stop] = up_to_f32(err_l2 * pad).to(torch.float32)
-        tables["err_linf"][start:stop] = up_to_f32(err_linf * pad).to(torch.float32)
-        tables["w_linf"][start:stop] = up_to_f32(amax * pad).to(torch.float32)
-        tables["q_linf"][start:stop] = up_to_f32((q_absmax * s64[:, :, 0]) * pad).to(torch.float32)
-        if progress:
-            progress(stop, vocab)
-    return QuantizedHead(weight=weight.detach(), q=q, group_size=g, **tables)
+    return QuantizedHead.build(weight, group_size, chunk_rows=chunk_rows, progress=progress)
 
 
 def head_rows(head: Any, vocab: int) -> Any:
-    """The head of the first `vocab` rows (views): equal to building it from `weight[:vocab]`, rows being
-    quantized independently."""
-    from draftscope.head.quant import QuantizedHead
-
-    return QuantizedHead(weight=head.weight[:vocab], q=head.q[:vocab], scales=head.scales[:vocab],
-                         group_size=head.group_size, err_l2=head.err_l2[:vocab], err_linf=head.err_linf[:vocab],
-                         w_linf=head.w_linf[:vocab], q_linf=head.q_linf[:vocab])  # fmt: skip
+    """The head of the first `vocab` rows (views; rows are quantized independently)."""
+    return head.rows(0, vocab)
 
 
 def random_weight(

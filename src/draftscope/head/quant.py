@@ -16,6 +16,7 @@ whatever its order) and `E_quant` as above.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,35 +61,64 @@ class QuantizedHead:
         )
 
     @classmethod
-    def build(cls, weight: torch.Tensor, group_size: int | None = None) -> QuantizedHead:
-        """Quantize `weight [V, D]`; `group_size` None (or D) means one scale per row. D must be a multiple of it."""
+    def build(cls, weight: torch.Tensor, group_size: int | None = None, *, chunk_rows: int = 4096,
+              progress: Callable[[int, int], None] | None = None) -> QuantizedHead:  # fmt: skip
+        """Quantize `weight [V, D]`; `group_size` None (or D) means one scale per row; D must be a multiple of it.
+        Rows are independent, so the work goes `chunk_rows` rows at a time through one reused float64 buffer (the
+        whole head in float64 would be ~10 GB at V = 248320, D = 5120); the result does not depend on the chunk."""
         if weight.dim() != 2:
             raise ValueError(f"the head weight must be [vocab, hidden], got shape {tuple(weight.shape)}")
         vocab, hidden = weight.shape
         g = hidden if group_size in (None, 0) else int(group_size)
         if g <= 0 or hidden % g:
             raise ValueError(f"group_size {g} does not divide the hidden size {hidden}")
-        if not torch.isfinite(weight).all():
-            raise ValueError("the head weight has non-finite values; no bound holds")
         groups = hidden // g
-        w = weight.detach().to(torch.float64).view(vocab, groups, g)
-        amax = w.abs().amax(dim=2)
-        scales = (amax / QMAX).to(torch.float32)
-        scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero group: q = 0, exact
-        s64 = scales.to(torch.float64)[:, :, None]
-        q = torch.clamp(torch.round(w / s64), -QMAX, QMAX)
-        err = w - q * s64  # q · scale is exact in float64 (8 + 24 bits)
+        dev = weight.device
+        q = torch.empty(vocab, hidden, dtype=torch.int8, device=dev)
+        tables = {name: torch.empty(vocab, groups, dtype=torch.float32, device=dev)
+                  for name in ("scales", "err_l2", "err_linf", "w_linf", "q_linf")}  # fmt: skip
+        chunk_rows = max(1, chunk_rows)
+        buf = torch.empty(min(chunk_rows, vocab), groups, g, dtype=torch.float64, device=dev)
         pad = 1 + PAD
-        return cls(
-            weight=weight.detach(),
-            q=q.to(torch.int8).view(vocab, hidden).contiguous(),
-            scales=scales.contiguous(),
-            group_size=g,
-            err_l2=up_to_f32(err.pow(2).sum(dim=2).sqrt() * pad).to(torch.float32),
-            err_linf=up_to_f32(err.abs().amax(dim=2) * pad).to(torch.float32),
-            w_linf=up_to_f32(amax * pad).to(torch.float32),
-            q_linf=up_to_f32((q.abs().amax(dim=2) * s64[:, :, 0]) * pad).to(torch.float32),
-        )
+        for start in range(0, vocab, chunk_rows):
+            w = weight[start : start + chunk_rows].detach().view(-1, groups, g)
+            rows = w.shape[0]
+            if not torch.isfinite(w).all():
+                raise ValueError("the head weight has non-finite values; no bound holds")
+            t = buf[:rows]
+            amax = w.abs().amax(dim=2).to(torch.float64)  # exact in the weight's own dtype
+            scales = (amax / QMAX).to(torch.float32)
+            scales = torch.where(
+                scales > 0, scales, torch.ones_like(scales)
+            )  # an all-zero group: q = 0, exact
+            s64 = scales.to(torch.float64)[:, :, None]
+            torch.div(w, s64, out=t)  # w / scale in float64 (the weight converts exactly)
+            t.round_().clamp_(-QMAX, QMAX)
+            q8 = t.to(torch.int8)
+            q_absmax = q8.abs().amax(dim=2).to(torch.float64)
+            t.mul_(s64)  # q · scale is exact in float64 (8 + 24 bits)
+            torch.sub(w, t, out=t)  # the error w − q·scale, exact in float64
+            err_linf = torch.maximum(t.amax(dim=2), -t.amin(dim=2))
+            err_l2 = t.square_().sum(dim=2).sqrt()
+            stop = start + rows
+            q[start:stop] = q8.view(rows, hidden)
+            tables["scales"][start:stop] = scales
+            tables["err_l2"][start:stop] = up_to_f32(err_l2 * pad).to(torch.float32)
+            tables["err_linf"][start:stop] = up_to_f32(err_linf * pad).to(torch.float32)
+            tables["w_linf"][start:stop] = up_to_f32(amax * pad).to(torch.float32)
+            tables["q_linf"][start:stop] = up_to_f32((q_absmax * s64[:, :, 0]) * pad).to(torch.float32)
+            if progress:
+                progress(stop, vocab)
+        return cls(weight=weight.detach(), q=q, group_size=g, **tables)
+
+    def rows(self, start: int, stop: int) -> QuantizedHead:
+        """The head of vocabulary rows [start, stop) (views): rows are quantized independently, so this equals
+        building it from `weight[start:stop]`."""
+        return QuantizedHead(
+            weight=self.weight[start:stop], q=self.q[start:stop], scales=self.scales[start:stop],
+            group_size=self.group_size, err_l2=self.err_l2[start:stop], err_linf=self.err_linf[start:stop],
+            w_linf=self.w_linf[start:stop], q_linf=self.q_linf[start:stop],
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

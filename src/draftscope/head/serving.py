@@ -110,30 +110,9 @@ def needed_bytes(vocab: int, hidden: int, groups: int, max_rows: int) -> int:
 # --- building and checking --------------------------------------------------------------------------------------
 
 
-def _rows(head: QuantizedHead, a: int, b: int) -> QuantizedHead:
-    """Vocabulary rows a..b of a head (views): every bound of quant.coarse is per vocabulary row."""
-    return QuantizedHead(
-        weight=head.weight[a:b], q=head.q[a:b], scales=head.scales[a:b], group_size=head.group_size,
-        err_l2=head.err_l2[a:b], err_linf=head.err_linf[a:b], w_linf=head.w_linf[a:b], q_linf=head.q_linf[a:b],
-    )  # fmt: skip
-
-
 def build_head(weight: torch.Tensor, group_size: int | None, chunk: int | None = None) -> QuantizedHead:
-    """`QuantizedHead.build`, one vocabulary chunk at a time (the same result; a bounded float64 transient)."""
-    chunk = chunk or BUILD_CHUNK
-    vocab, hidden = weight.shape
-    first = QuantizedHead.build(weight[:chunk], group_size)
-    if vocab <= chunk:
-        return first
-    q = torch.empty(vocab, hidden, dtype=torch.int8, device=weight.device)
-    names = ("scales", "err_l2", "err_linf", "w_linf", "q_linf")
-    tables = {n: torch.empty(vocab, first.groups, dtype=torch.float32, device=weight.device) for n in names}
-    for a in range(0, vocab, chunk):
-        part = first if a == 0 else QuantizedHead.build(weight[a : a + chunk], group_size)
-        q[a : a + chunk] = part.q
-        for n in names:
-            tables[n][a : a + chunk] = getattr(part, n)
-    return QuantizedHead(weight=weight.detach(), q=q, group_size=first.group_size, **tables)
+    """`QuantizedHead.build` one vocabulary chunk at a time (a bounded float64 transient)."""
+    return QuantizedHead.build(weight, group_size, chunk_rows=chunk or BUILD_CHUNK)
 
 
 def coarse_in_chunks(head: QuantizedHead, hidden: torch.Tensor, chunk: int | None = None) -> Coarse:
@@ -147,7 +126,7 @@ def coarse_in_chunks(head: QuantizedHead, hidden: torch.Tensor, chunk: int | Non
     upper = torch.empty(n, head.vocab, dtype=torch.float64, device=hidden.device)
     a_bound = torch.empty_like(upper)
     for a in range(0, head.vocab, chunk):
-        part = coarse(_rows(head, a, min(a + chunk, head.vocab)), hidden)
+        part = coarse(head.rows(a, min(a + chunk, head.vocab)), hidden)
         logits[:, a : a + chunk], upper[:, a : a + chunk], a_bound[:, a : a + chunk] = (
             part.logits, part.upper, part.a_bound,
         )  # fmt: skip
