@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env demo test test-container test-contract test-slurm test-all lint format clean
+.PHONY: setup plan train-env demo test test-container test-contract test-reliability test-slurm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -46,16 +46,22 @@ demo: setup train-env
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # (The container and contract tiers have their own targets once they exist; gpu tests skip without CUDA.)
 test: setup lint
-	$(BIN)/python -m pytest -m "not container and not contract and not slurm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm" $(PYTEST_ARGS)
 
 # A real container engine (podman + runc behind its Docker API, driven by the docker CLI; see images/local/):
 # builds images/transformers/Dockerfile on a local base and runs benchmarks in it. Needs an answering engine.
-test-container: setup
+# The images install the kit's wheel from dist/ by its recorded hash: `dist` first.
+test-container: setup dist
 	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
 
 # Upstream flags, config keys and lock files against the pinned releases (downloads wheels; needs the index).
 test-contract: setup
 	$(BIN)/python -m pytest -m contract $(PYTEST_ARGS)
+
+# Fault injection (kills, a full disk, concurrent runs), the bad-input corpus and planted secrets, with the figures
+# (`invoke reliability`). Root mounts a small tmpfs for the full-disk faults; the train faults use .venv-train.
+test-reliability: setup
+	$(BIN)/invoke reliability $(if $(PYTEST_ARGS),--pytest-args '$(PYTEST_ARGS)')
 
 # A real single-node Slurm cluster on this machine (root; images/local/slurm-cluster.sh install adds the Debian
 # packages): the tiny pipeline's CPU stages as jobs with a two-shard regen array, compared with a local run, a
@@ -63,7 +69,7 @@ test-contract: setup
 test-slurm: setup
 	$(BIN)/python -m pytest -m slurm $(PYTEST_ARGS)
 
-test-all: test test-container test-contract test-slurm
+test-all: test test-container test-contract test-reliability test-slurm
 
 lint: setup
 	$(BIN)/ruff check .
@@ -90,8 +96,19 @@ IMAGE_ARCH = $(if $(CUDA_ARCH),--cuda-arch '$(CUDA_ARCH)')
 
 images: image-transformers image-vllm image-train image-sglang
 
-image-transformers image-train image-sglang: setup
+image-transformers image-train image-sglang: setup dist
 	+$(BIN)/invoke images.build $(@:image-%=%) --engine $(ENGINE) $(IMAGE_DRY_RUN)
 
-image-vllm: setup
+image-vllm: setup dist
 	+$(BIN)/invoke images.build vllm $(IMAGE_ARCH) --engine $(ENGINE) $(IMAGE_DRY_RUN)
+
+# --- release: the wheel and the sdist -----------------------------------------------------------------------------
+# `python -m build` (hatchling: the same tree builds the same wheel, byte for byte), `twine check`, then the wheel's
+# SHA-256 recorded in images/images.lock.json: every image installs exactly that file (`--require-hashes`).
+.PHONY: dist
+
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python -m draftscope.images record-wheel dist

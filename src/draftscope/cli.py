@@ -245,11 +245,15 @@ def version(c):
     """Print the kit's version (and git commit when run from a checkout)."""
     from draftscope.provenance import kit_info
 
-    info = kit_info()
+    print(f"draftscope {version_text(kit_info())}")
+
+
+def version_text(info: dict[str, Any]) -> str:
+    """`0.1.0`, or `0.1.0 (abcdef123456+dirty)` from a checkout."""
     commit = (
         f" ({info['git_commit'][:12]}{'+dirty' if info['git_dirty'] else ''})" if info["git_commit"] else ""
     )
-    print(f"draftscope {info['version']}{commit}")
+    return f"{info['version']}{commit}"
 
 
 def _print_json(obj: Any) -> None:
@@ -271,6 +275,14 @@ def _namespace() -> Collection:
 
     root.add_collection(ns_images, name="images")
     for t in (*PIPELINE_TASKS, *HEAD_TASKS, *DEMO_TASKS):
+        root.add_task(t)
+    from draftscope.reliability import RELIABILITY_TASKS
+
+    for t in RELIABILITY_TASKS:
+        root.add_task(t)
+    from draftscope.cli_share import SHARE_TASKS
+
+    for t in SHARE_TASKS:
         root.add_task(t)
     return root
 
@@ -317,5 +329,12 @@ def join_variadic(argv: list[str], namespace: Collection = ns) -> list[str]:
 
 def main() -> None:
     """The `draftscope` console script: the same tasks, usable outside a checkout."""
-    program = Program(namespace=ns, version=__version__, name="draftscope", binary="draftscope")
+    version_flag = "--version" in sys.argv[1:2] or "-V" in sys.argv[1:2]
+    if version_flag:  # the commit too, when run from a checkout (kit_info runs git only then)
+        from draftscope.provenance import kit_info
+
+        shown = version_text(kit_info())
+    else:
+        shown = __version__
+    program = Program(namespace=ns, version=shown, name="draftscope", binary="draftscope")
     program.run([sys.argv[0], *join_variadic(sys.argv[1:])])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -92,8 +93,22 @@ def validated(data: Any, schema: str, source: str) -> dict[str, Any]:
     """Check `data` against a schema and return it; errors name `source` and the JSON path."""
     if not isinstance(data, dict):
         raise UserError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
+    _require_finite(data, "$", source)
     schemas.check(data, schema, source)
     return data
+
+
+def _require_finite(value: Any, path: str, source: str) -> None:
+    """NaN and infinities pass every JSON Schema bound (each comparison is false) and are not JSON at all:
+    refuse them wherever they appear (`--max-seconds nan`, `--opts lr=.inf`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{path}: {value} is not a finite number", source=source, fix="give a finite number")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _require_finite(item, f"{path}.{key}", source)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _require_finite(item, f"{path}[{index}]", source)
 
 
 def build(cls: type[T], data: Mapping[str, Any]) -> T:

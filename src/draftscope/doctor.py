@@ -34,6 +34,9 @@ ENGINE_TIMEOUT_S = 5.0
 # nvidia-smi can take several seconds to initialise the driver on a cold machine.
 SMI_TIMEOUT_S = 15.0
 _MISSING = {"[N/A]", "[Not Supported]", "N/A", ""}
+# The lowest Linux driver branch of each CUDA major release; minor-version compatibility covers the rest of the
+# major (NVIDIA's CUDA compatibility guide: CUDA 12.x needs >= 525.60.13, CUDA 13.x >= 580.65.06).
+MIN_DRIVER_BRANCH = {12: 525, 13: 580}
 _CDI = (".yaml", ".yml", ".json")
 
 
@@ -326,10 +329,64 @@ def _verdict(report: dict[str, Any]) -> list[str]:
         missing = [name for name, entry in images.items() if not entry["present"]]
         if missing:
             lines.append(f"{engine}: images not built: {', '.join(missing)}; run `make images`")
+    lines += driver_problems(gpus, report.get("image_cuda", {}))
     lines += [
         f"not pinned: {line} (run `invoke images.lock` where registries are reachable)"
         for line in report.get("unpinned", [])
     ]
+    return lines
+
+
+def _version_tuple(text: str | None) -> tuple[int, int] | None:
+    match = re.match(r"^(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def image_cuda() -> dict[str, str]:
+    """The CUDA version each image is built on (images/images.lock.json `versions.cuda`); empty outside a checkout,
+    where the lock is not installed."""
+    from draftscope.images import load_lock
+
+    try:
+        lock = load_lock()
+    except UserError:
+        return {}
+    return {name: e["versions"]["cuda"] for name, e in lock["images"].items() if e["versions"].get("cuda")}
+
+
+def driver_problems(gpus: list[dict[str, Any]], images: dict[str, str]) -> list[str]:
+    """A driver too old for an image's CUDA, with the fix: one line per CUDA version the driver does not reach.
+
+    The driver's highest CUDA (NVML, or the `nvidia-smi` header) must reach each image's major.minor. Below the
+    image's major the image's GPU steps fail to start; within it, minor-version compatibility runs them with
+    limits (no PTX JIT of newer code), so that is a warning.
+    """
+    have = next((_version_tuple(g.get("cuda_version")) for g in gpus if g.get("cuda_version")), None)
+    if have is None:
+        return []
+    driver = next((g.get("driver_version") for g in gpus if g.get("driver_version")), None) or "unknown"
+    by_cuda: dict[tuple[int, int], list[str]] = {}
+    for name, version in images.items():
+        need = _version_tuple(version)
+        if need is not None and have < need:
+            by_cuda.setdefault(need, []).append(name)
+    lines = []
+    for (major, minor), names in sorted(by_cuda.items()):
+        cuda = f"{major}.{minor}"
+        branch = MIN_DRIVER_BRANCH.get(major)
+        newer = f"an NVIDIA driver of the {branch} branch or newer" if branch else f"a driver for CUDA {cuda}"
+        which = f"image(s) {', '.join(names)}"
+        if have[0] < major:
+            lines.append(
+                f"driver {driver} supports CUDA up to {have[0]}.{have[1]}, too old for the CUDA {cuda} of {which}:"
+                f" their GPU steps fail to start; fix: install {newer}, or, on a data-center GPU, NVIDIA's CUDA"
+                f" forward-compatibility package cuda-compat-{major}-{minor}"
+            )
+        else:
+            lines.append(
+                f"driver {driver} supports CUDA up to {have[0]}.{have[1]}, below the CUDA {cuda} of {which}: they run"
+                f" through minor-version compatibility, with its limits; fix: install {newer} for full support"
+            )
     return lines
 
 
@@ -360,6 +417,7 @@ def collect(probes: Probes | None = None) -> dict[str, Any]:
         "memory": _memory(probes),
         "disk": _disk(probes),
         "unpinned": _unpinned(),
+        "image_cuda": image_cuda(),
     }
     report["verdict"] = _verdict(report)
     return report
@@ -395,6 +453,8 @@ def render(report: dict[str, Any]) -> list[str]:
         lines.append(f"memory: {mem['available_mib']} MiB available of {mem['total_mib']} MiB")
     disk = report["disk"]
     lines.append(f"disk: {disk['free_gib']} GiB free of {disk['total_gib']} GiB at {disk['path']}")
+    if report.get("image_cuda"):
+        lines.append("images' CUDA: " + ", ".join(f"{n} {v}" for n, v in report["image_cuda"].items()))
     lines.append("verdict:")
     lines.extend(f"  - {line}" for line in report["verdict"])
     return lines

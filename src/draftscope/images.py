@@ -1,8 +1,9 @@
 """The kit's pinned images: names, the step → image map, `images/images.lock.json`, and engine argv.
 
 Each image lives in `images/<name>/` (Dockerfile, requirements.in, hash-pinned requirements.lock);
-`images/images.lock.json` records its reference, base (by digest where known), pinned versions and the lock
-file's SHA-256, and `consistency_problems` checks that record against the Dockerfiles and lock files.
+`images/images.lock.json` records its reference, base (by digest where known), pinned versions, the lock
+file's SHA-256 and the SHA-256 of the kit wheel it installs (`make dist` records it with `record_wheel`), and
+`consistency_problems` checks that record against the Dockerfiles and lock files.
 
 Everything here is pure and torch-free: functions return argv lists for `docker` or `podman` (the engine is
 a parameter); `execute` is the one place that runs them. Build, pull, push and lock resolution need a checkout
@@ -48,6 +49,9 @@ SOURCE_URL = "https://github.com/draftscope/draftscope"
 SPECULATORS_REPO = "https://github.com/vllm-project/speculators"
 # Where the transformers image's CPU test path finds its torch wheel (bind-mounted, never copied).
 WHEELS_DIR = ".wheels"
+# Where `make dist` leaves the kit's wheel and sdist. Every image installs that wheel, bind-mounted from here, by
+# the SHA-256 each image's entry in images.lock.json records (`wheel_sha256`).
+DIST_DIR = "dist"
 
 # `uv pip compile` target of each image's lock: (Python, platform). sglang's wheels are manylinux_2_34 only.
 LOCK_TARGETS = {
@@ -133,6 +137,38 @@ def load_lock(path: Path | None = None) -> dict[str, Any]:
         raise UserError(f"{path}: not valid JSON ({exc})", fix="restore it from the repository") from None
     schema.check(data, "images-lock", str(path))
     return data
+
+
+def kit_wheel_name(version: str = __version__) -> str:
+    """The file name `python -m build` gives the kit's wheel (pure Python, any platform)."""
+    return f"draftscope-{version}-py3-none-any.whl"
+
+
+def record_wheel(root: Path, dist: Path | None = None) -> tuple[str, bool]:
+    """Record the SHA-256 of `dist/<kit wheel>` as every image's `wheel_sha256`: (sha256, whether it changed).
+
+    `make dist` calls this after building, so images.lock.json always names the wheel the next image build
+    installs. The wheel is reproducible (hatchling fixes times and modes), so the same tree records the same hash.
+    """
+    wheel = (dist or root / DIST_DIR) / kit_wheel_name()
+    if not wheel.is_file():
+        raise UserError(f"{wheel} does not exist", fix="build it with `make dist`")
+    from draftscope import schema
+
+    path = lock_path(root)
+    try:  # not load_lock: a lock that predates wheel_sha256 is valid only once it has one
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is unreadable ({exc})", fix="restore it from the repository") from None
+    digest = sha256_file(wheel)
+    changed = False
+    for entry in lock.get("images", {}).values():
+        changed |= entry.get("wheel_sha256") != digest
+        entry["wheel_sha256"] = digest
+    schema.check(lock, "images-lock", str(path))
+    if changed:
+        path.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
+    return digest, changed
 
 
 def lock_entry(name: str, lock: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -296,6 +332,10 @@ def _kit_problems(requirements: Sequence[str], pins: Mapping[str, str]) -> list[
 def _image_problems(root: Path, name: str, entry: Mapping[str, Any], lock: Mapping[str, Any]) -> list[str]:
     folder = root / "images" / name
     problems = []
+    if not entry.get("wheel_sha256"):
+        problems.append("no wheel_sha256: run `make dist` to record the kit wheel's hash")
+    elif entry["wheel_sha256"] != lock["images"].get("transformers", entry).get("wheel_sha256"):
+        problems.append("wheel_sha256 differs from the transformers image's: every image installs one wheel")
     repo, tag, _ = split_reference(entry["reference"])
     # localhost/ for images built here; a registry's repository once published (`images.push`).
     if not repo.endswith(f"/draftscope-{name}") or tag != entry["tag"]:
@@ -524,7 +564,18 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
     entry = lock_entry(name, lock)
     engine = check_engine(request.engine)
     base = request.base_image or base_reference(entry)
-    args = [("BASE_IMAGE", base), ("SOURCE_DATE_EPOCH", str(request.epoch))]
+    if not entry.get("wheel_sha256"):
+        raise UserError(
+            f"images/{LOCK_FILE} records no kit wheel for image '{name}'",
+            field="wheel_sha256",
+            fix="run `make dist` (it builds the wheel and records its SHA-256), or build with `make image-NAME`",
+        )
+    args = [
+        ("BASE_IMAGE", base),
+        ("SOURCE_DATE_EPOCH", str(request.epoch)),
+        ("KIT_WHEEL", kit_wheel_name()),
+        ("KIT_WHEEL_SHA256", entry["wheel_sha256"]),
+    ]
     if name == "vllm":
         if not request.cuda_arch:
             raise UserError("the vllm image needs a CUDA architecture list", field="cuda_arch")
@@ -692,3 +743,26 @@ def execute(
         )
     except FileNotFoundError:
         raise UserError(f"'{argv[0]}' is not installed or not on PATH", fix=f"install {argv[0]}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m draftscope.images record-wheel [DIST]`: the step of `make dist` that records the wheel's hash."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "record-wheel" or len(args) > 2:
+        print("usage: python -m draftscope.images record-wheel [DIST_DIR]", file=sys.stderr)
+        return 2
+    try:
+        root = repo_root()
+        digest, changed = record_wheel(root, Path(args[1]) if len(args) == 2 else None)
+    except UserError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return 2
+    state = "recorded in" if changed else "already in"
+    print(f"{kit_wheel_name()} sha256 {digest}: {state} images/{LOCK_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,6 +7,7 @@ JSON Lines record readable: each record is one `write()` of one complete line, f
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -90,11 +91,19 @@ class JsonlAppender:
 
     def append(self, record: dict[str, Any]) -> None:
         line = (json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+        end = os.fstat(self._fd).st_size
         # One write() per record: a kill leaves either the whole line or none of it.
-        written = os.write(self._fd, line)
-        if written != len(line):  # pragma: no cover - only on a full disk
-            raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
-        os.fsync(self._fd)
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):  # a full disk writes what fits
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)", str(self.path))
+            os.fsync(self._fd)
+        except OSError:
+            # Cut the partial line so the file still ends with a whole record (a torn line would make every
+            # reader refuse the file); the caller sees the error.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)
+            raise
 
     def close(self) -> None:
         if self._fd >= 0:

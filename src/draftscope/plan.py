@@ -33,6 +33,8 @@ RUN_MOUNT = "/draftscope/run"
 CACHE_MOUNT = "/draftscope/cache/huggingface"
 # Credentials are handed to containers by name (`-e NAME`), so their values never appear in an argv or a manifest.
 CREDENTIALS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# A benchmark prompt set is small; a larger file is a mistake (a dataset, a log) and would be copied into the run.
+MAX_PROMPTS_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,15 @@ def load_prompts(path: str) -> Prompts:
     if not resolved.is_file():
         raise UserError(
             "prompt file not found", field="prompts", value=path, fix="give --prompts a JSON prompt file"
+        )
+    size = resolved.stat().st_size
+    if size > MAX_PROMPTS_BYTES:
+        # Checked before reading: the file is read, hashed and copied into every run directory.
+        raise UserError(
+            f"the prompt file is {size / 2**20:.1f} MiB; the limit is {MAX_PROMPTS_BYTES // 2**20} MiB",
+            field="prompts",
+            value=path,
+            fix="benchmark a smaller prompt set (split it into several runs)",
         )
     data = read_json(resolved)
     check(data, "prompts", str(resolved))

@@ -12,6 +12,7 @@ Layout of a run directory:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ from draftscope.provenance import command_line, kit_info, now
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
 SUMMARY = "summary.json"
+# Space set aside at creation and given back right before the final summary and status are written, so that a
+# disk filled during the run still has room to record how the run ended.
+RESERVE = ".space-reserve"
+RESERVE_BYTES = 1 << 20
 
 # The schema of the frozen `config` inside a manifest, by run kind; checked at creation and by `validate`.
 CONFIG_SCHEMAS = {"benchmark": "experiment", "reproduce": "experiment"}
@@ -51,6 +56,29 @@ def describe_input(item: InputFile) -> dict[str, Any]:
     if not path.is_file():
         raise UserError("input file not found", field=item.name, value=str(path), fix="check the path")
     return {"name": item.name, "path": str(path), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def check_run_name(path: Path) -> None:
+    """The folder's name becomes the manifest's `run_id`: check it before anything is created."""
+    pattern = schemas.get_schema("run-manifest")["properties"]["run_id"]["pattern"]
+    if re.fullmatch(pattern, path.name) is None:
+        raise UserError(
+            "a run directory's name must start with a letter or digit and hold only letters, digits, '.', '_' "
+            "and '-' (at most 128 characters): it becomes the run id",
+            field="--output",
+            value=path.name,
+            fix="choose a name like runs/tiny-plain-1",
+        )
+
+
+def _write_reserve(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        # Real blocks, not a sparse file: only allocated space can be given back.
+        os.write(fd, bytes(RESERVE_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class RunDir:
@@ -80,6 +108,7 @@ class RunDir:
         path = Path(path)
         if kind in CONFIG_SCHEMAS:
             schemas.check(dict(config), CONFIG_SCHEMAS[kind], "config")
+        check_run_name(path)
         described = [describe_input(i) for i in inputs]  # fail on bad input before creating anything
         if not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +121,33 @@ class RunDir:
                 value=str(path),
                 fix="choose a new --output path",
             ) from None
+        try:
+            return cls._populate(path, kind, config, described, argv, software, copy_inputs)
+        except BaseException as exc:
+            # This call created the folder, so it may remove it: a run that could not be set up leaves nothing.
+            shutil.rmtree(path, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise UserError(
+                    f"the run directory could not be set up: {exc.strerror or exc}",
+                    field="--output",
+                    value=str(path),
+                    fix="free disk space or choose another --output",
+                ) from None
+            raise
+
+    @classmethod
+    def _populate(
+        cls,
+        path: Path,
+        kind: str,
+        config: Mapping[str, Any],
+        described: list[dict[str, Any]],
+        argv: list[str] | None,
+        software: Mapping[str, Any] | None,
+        copy_inputs: bool,
+    ) -> RunDir:
         run = cls(path)
+        _write_reserve(path / RESERVE)
         (path / "logs").mkdir()
         if copy_inputs and described:
             (path / "inputs").mkdir()
@@ -122,6 +177,10 @@ class RunDir:
         }
         run.write_manifest(manifest)
         return run
+
+    def release_reserve(self) -> None:
+        """Give back the space set aside at creation (before the final summary and status are written)."""
+        (self.path / RESERVE).unlink(missing_ok=True)
 
     @classmethod
     def open(cls, path: Path) -> RunDir:

@@ -310,7 +310,10 @@ def test_collect_gpu_host_with_docker_and_images():
     assert report["images"]["docker"]["vllm"]["reference"] == image_reference("vllm")
     # What images.lock.json leaves unpinned is flagged on every host (the lock is the repository's own).
     assert report["verdict"][0] == "1 NVIDIA GPU(s) via nvml; models run in bfloat16"
-    assert [v for v in report["verdict"][1:] if not v.startswith("not pinned: ")] == []
+    # The fake driver (550, CUDA 12.4) is too old for the images' CUDA 13.0: named, with the fix.
+    old = [v for v in report["verdict"][1:] if v.startswith("driver 550.90.07 supports CUDA up to 12.4")]
+    assert len(old) == 1 and "580 branch or newer" in old[0] and "cuda-compat-13-0" in old[0]
+    assert [v for v in report["verdict"][1:] if not v.startswith("not pinned: ") and v not in old] == []
     assert json.loads(json.dumps(report)) == report
     assert any("NVIDIA H200, compute 9.0, bfloat16" in line for line in doctor.render(report))
 

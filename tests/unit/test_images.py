@@ -5,6 +5,7 @@ Fast and offline: nothing here runs an engine, a registry or the package index.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -191,12 +192,26 @@ def test_lock_parsing():
     assert I.unhashed(text) == ["nohash==3"]
 
 
+def test_the_wheel_install_script_checks_the_hash_then_installs_by_it():
+    text = (IMAGES_DIR / "install-kit-wheel.sh").read_text()
+    assert "sha256sum --check" in text
+    assert "draftscope @ file:///tmp/dist/$wheel --hash=sha256:$sha" in text
+    assert '"$python" -m pip install --no-deps --require-hashes -r /tmp/kit-requirements.txt' in text
+
+
 @pytest.mark.parametrize("name", I.IMAGES)
 def test_dockerfiles_share_the_conventions(name):
     text = (IMAGES_DIR / name / "Dockerfile").read_text()
     assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.MULTILINE)
     assert "--require-hashes -r /tmp/image/requirements.lock" in text
-    assert "pip install --no-deps --no-build-isolation /tmp/kit" in text
+    # The kit: the wheel from dist/, checked and installed by the hash images.lock.json records, never the tree.
+    assert "--mount=type=bind,source=dist,target=/tmp/dist" in text
+    assert "--mount=type=bind,source=images/install-kit-wheel.sh,target=/tmp/install-kit-wheel.sh" in text
+    assert re.search(
+        r'sh /tmp/install-kit-wheel\.sh python3? "\$\{KIT_WHEEL\}" "\$\{KIT_WHEEL_SHA256\}"', text
+    )
+    assert "source=.,target=/tmp/kit" not in text and "--no-build-isolation /tmp/kit" not in text
+    assert 'io.draftscope.kit-wheel-sha256="${KIT_WHEEL_SHA256}"' in text
     assert re.search(r"^USER 10001:10001$", text, re.MULTILINE)
     assert 'HEALTHCHECK --interval=5m --timeout=60s --start-period=10s --retries=1 CMD ["python' in text
     assert '-m", "draftscope", "selfcheck"]' in text
@@ -294,6 +309,8 @@ def test_build_argv_vllm():
     assert _pairs(argv, "--build-arg") == {
         "BASE_IMAGE": "vllm/vllm-openai:v0.33.0",
         "SOURCE_DATE_EPOCH": "1700000000",
+        "KIT_WHEEL": f"draftscope-{__version__}-py3-none-any.whl",
+        "KIT_WHEEL_SHA256": LOCK["images"]["vllm"]["wheel_sha256"],
         "CUDA_ARCH": "8.0;9.0",
     }
     assert _pairs(argv, "--label") == {
@@ -345,6 +362,33 @@ def test_build_argv_cpu_test_path():
 def test_build_argv_refuses(name, kw, match):
     with pytest.raises(UserError, match=match):
         I.build_argv(name, _request(**kw), LOCK)
+
+
+def test_build_needs_the_recorded_wheel():
+    lock = copy.deepcopy(LOCK)
+    del lock["images"]["sglang"]["wheel_sha256"]
+    with pytest.raises(UserError, match=r"records no kit wheel.*make dist"):
+        I.build_argv("sglang", _request(), lock)
+    assert any("no wheel_sha256" in p for p in I.consistency_problems(ROOT, lock))
+    lock["images"]["sglang"]["wheel_sha256"] = "0" * 64
+    assert any("wheel_sha256 differs" in p for p in I.consistency_problems(ROOT, lock))
+
+
+def test_record_wheel_writes_the_hash_into_every_image(tmp_path):
+    (tmp_path / "images").mkdir()
+    lock = copy.deepcopy(LOCK)
+    for entry in lock["images"].values():
+        entry.pop("wheel_sha256", None)
+    (tmp_path / "images" / "images.lock.json").write_text(json.dumps(lock))
+    with pytest.raises(UserError, match="make dist"):
+        I.record_wheel(tmp_path)
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / I.kit_wheel_name()).write_bytes(b"wheel")
+    digest = hashlib.sha256(b"wheel").hexdigest()
+    assert I.record_wheel(tmp_path) == (digest, True)
+    assert I.record_wheel(tmp_path) == (digest, False)
+    written = json.loads((tmp_path / "images" / "images.lock.json").read_text())
+    assert {e["wheel_sha256"] for e in written["images"].values()} == {digest}
 
 
 def test_speculators_commit_is_passed_when_pinned():

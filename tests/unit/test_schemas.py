@@ -48,6 +48,7 @@ def test_images_lock_example_validates_and_rejects_bad_digest():
                 "base": {"reference": "vllm/vllm-openai:v0.33.0", "digest": None},
                 "versions": {"vllm": "0.33.0", "torch": "2.14.0"},
                 "lock_sha256": "0" * 64,
+                "wheel_sha256": "1" * 64,
             }
         },
     }
@@ -58,6 +59,9 @@ def test_images_lock_example_validates_and_rejects_bad_digest():
     lock["images"]["vllm"]["base"]["digest"] = None
     lock["images"]["cuda-extra"] = lock["images"]["vllm"]
     assert schema.problems(lock, "images-lock")
+    del lock["images"]["cuda-extra"]
+    del lock["images"]["vllm"]["wheel_sha256"]  # every image records the kit wheel it installs
+    assert [p.path for p in schema.problems(lock, "images-lock")] == ["$.images.vllm"]
 
 
 def test_unknown_key_problem_names_the_key_and_the_valid_keys():

@@ -8,6 +8,8 @@ every artifact validates; otherwise `timed_out` / `interrupted` / `failed` with 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import threading
@@ -22,8 +24,9 @@ from draftscope.errors import UserError
 from draftscope.jsonio import read_json
 from draftscope.plan import Plan, plan_benchmark
 from draftscope.presets import ExperimentConfig
-from draftscope.rundir import RECORDS, InputFile, RunDir
+from draftscope.rundir import RECORDS, SUMMARY, InputFile, RunDir
 from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime, get_runtime
+from draftscope.runtime.base import interrupted_reason, sigterm_interrupts
 
 Printer = Callable[[str], None]
 
@@ -59,6 +62,10 @@ def _join(argv: list[str]) -> str:
 
 def preflight(plan: Plan, runtime: Runtime) -> None:
     """Everything that can be refused before a run directory exists: no partial state on bad input."""
+    if plan.experiment.backend == "vllm":
+        from draftscope.platforms import require_linux
+
+        require_linux("vllm", field="--backend")
     for download in plan.downloads:
         if download.revision is None:
             raise UserError(
@@ -69,6 +76,26 @@ def preflight(plan: Plan, runtime: Runtime) -> None:
     if isinstance(runtime, ContainerRuntime):
         for image in sorted({s.image for s in plan.steps}):
             runtime.image_facts(image)  # raises a UserError naming the image and how to build it
+    elif any(s.gpus for s in plan.steps):
+        require_nvidia_gpu()
+
+
+def require_nvidia_gpu() -> None:
+    """A GPU step run in this environment (`--runtime local`) needs an NVIDIA GPU here; without one it is refused
+    before a run directory exists. (Through a container engine, the engine's own refusal is the run's failure.)"""
+    from draftscope import doctor
+
+    if doctor.gpus_from_nvml() or doctor.gpus_from_nvidia_smi():
+        return
+    other = doctor.unsupported_accelerators(doctor.Probes())
+    found = ", ".join(f"{a['vendor']} {a['stack']} ({a['evidence']})" for a in other)
+    raise UserError(
+        "no NVIDIA GPU found (neither NVML nor nvidia-smi answers)"
+        + (f"; found {found}, which the kit does not support" if found else ""),
+        field="--device",
+        value="cuda",
+        fix="run on a host with an NVIDIA GPU and its driver (invoke doctor), or --device cpu with --preset tiny",
+    )
 
 
 def run_benchmark(
@@ -86,28 +113,33 @@ def run_benchmark(
     preflight(plan, runtime)
     from draftscope.__main__ import versions
 
-    run = RunDir.create(
-        output,
-        kind=kind,
-        config=to_dict(config),
-        argv=argv,
-        inputs=[InputFile("prompts", Path(plan.prompts.path))],
-        software={"host": versions()},
-    )
-    ctx = context_for(output)
-    (run.path / RECORDS).touch()  # exists from the start: a run killed before its first record still has one
-    try:
-        images = _image_facts(plan, runtime, ctx)
-        run.update(images=images)
-        for text in notes:
-            run.note(text)
-        if os.environ.get(FAILPOINT):
-            run.note(f"fault injection was active: {FAILPOINT}={os.environ[FAILPOINT]}")
-        run.set_status("running")
-        outcome = _run_steps(plan, runtime, ctx, run, say)
-    except KeyboardInterrupt:
-        outcome = Outcome("benchmark", "interrupted", None, 0.0, "interrupted by the user (Ctrl-C)", None)
-    return _finish(run, plan, outcome)
+    # SIGTERM is handled like Ctrl-C from here on: during creation the half-made folder is removed, later the
+    # step is stopped and the run is recorded as interrupted.
+    with sigterm_interrupts():
+        run = RunDir.create(
+            output,
+            kind=kind,
+            config=to_dict(config),
+            argv=argv,
+            inputs=[InputFile("prompts", Path(plan.prompts.path))],
+            software={"host": versions()},
+        )
+        ctx = context_for(output)
+        steps: list[dict[str, Any]] = []  # each step's outcome, filled in as they end
+        try:
+            (run.path / RECORDS).touch()  # a run killed before its first record still has the file
+            images = _image_facts(plan, runtime, ctx)
+            run.update(images=images)
+            for text in notes:
+                run.note(text)
+            if os.environ.get(FAILPOINT):
+                run.note(f"fault injection was active: {FAILPOINT}={os.environ[FAILPOINT]}")
+            run.set_status("running")
+            outcome = _run_steps(plan, runtime, ctx, run, say, steps)
+        except KeyboardInterrupt as exc:
+            reason = interrupted_reason(exc).split(";")[0]
+            outcome = Outcome("benchmark", "interrupted", None, 0.0, reason, None)
+    return _finish(run, plan, outcome, steps)
 
 
 def _image_facts(plan: Plan, runtime: Runtime, ctx: Context) -> list[dict[str, Any]]:
@@ -123,8 +155,9 @@ def _image_facts(plan: Plan, runtime: Runtime, ctx: Context) -> list[dict[str, A
     return facts
 
 
-def _run_steps(plan: Plan, runtime: Runtime, ctx: Context, run: RunDir, say: Printer) -> Outcome:
-    steps_state = []
+def _run_steps(
+    plan: Plan, runtime: Runtime, ctx: Context, run: RunDir, say: Printer, steps_state: list[dict[str, Any]]
+) -> Outcome:
     outcome: Outcome | None = None
     for step in plan.steps:
         watcher = _Progress(run.path / RECORDS, plan.prompts.count * plan.experiment.repeats, say)
@@ -143,14 +176,57 @@ def _run_steps(plan: Plan, runtime: Runtime, ctx: Context, run: RunDir, say: Pri
                 "argv": runtime.argv(step, ctx),  # exactly what ran (and what --dry-run prints)
             }
         )
-        run.update(steps=steps_state)
+        with contextlib.suppress(OSError):  # a full disk: `_finish` records the steps once it has room
+            run.update(steps=steps_state)
         if not outcome.ok:
             break
     assert outcome is not None
     return outcome
 
 
-def _finish(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str, Any]:
+def _finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steps, summary and final status. The space reserved at creation is given back first, so that a disk filled
+    during the run still has room for them; the disk being full is then named as the reason."""
+    full = _disk_full(run.path)
+    run.release_reserve()
+    if full and not outcome.ok:
+        outcome = _with_reason(outcome, f"{full}; {outcome.reason}")
+    try:
+        if steps:
+            run.update(steps=steps)
+        return _summarize_and_close(run, plan, outcome)
+    except (OSError, UserError) as exc:
+        # The summary could not be written or the records could not be read: the run failed, and says why.
+        what = exc.render() if isinstance(exc, UserError) else f"{exc.strerror or exc}"
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            what = f"the disk holding the run directory is full ({what})"
+        reason = f"the run could not be finished: {what}" + (f"; {outcome.reason}" if outcome.reason else "")
+        (run.path / SUMMARY).unlink(missing_ok=True)  # never a summary that does not match the records
+        try:
+            return run.set_status("failed", reason)
+        except OSError as again:
+            raise UserError(
+                f"the run's final status could not be recorded: {again.strerror or again}",
+                source=str(run.path),
+                fix="free disk space; the records written so far are kept in records.jsonl",
+            ) from None
+
+
+def _with_reason(outcome: Outcome, reason: str) -> Outcome:
+    return Outcome(outcome.step, outcome.status, outcome.exit_code, outcome.seconds, reason, outcome.log)
+
+
+def _disk_full(path: Path, margin: int = 64 * 1024) -> str | None:
+    """A reason naming a full disk, when the run directory's file system has (almost) no space left."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    free = stat.f_bavail * stat.f_frsize
+    return f"no space left on the run directory's file system ({free} bytes free)" if free < margin else None
+
+
+def _summarize_and_close(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str, Any]:
     worker = run.path / "worker.json"
     if worker.exists():
         facts = read_json(worker)

@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or the runtime's SIGTERM (servers.py): the servers are already stopped
+        print("interrupted; what was written is whole, and a rerun resumes", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -88,7 +88,12 @@ def read_rows(path: Path, max_rows: int | None = None) -> list[Row]:
     except OSError as exc:
         raise UserError(f"cannot read the chat rows ({exc.strerror})", source=str(path)) from None
     with handle:
-        for number, line in enumerate(handle, 1):
+        try:
+            lines = list(enumerate(handle, 1))
+        except UnicodeDecodeError as exc:
+            raise UserError(f"not UTF-8 text (byte {exc.start} of a line)", source=str(path), field="data.chat",
+                            fix="convert the file to UTF-8") from None  # fmt: skip
+        for number, line in lines:
             if not line.strip():
                 continue
             if max_rows is not None and len(rows) >= max_rows:

@@ -12,8 +12,11 @@ the latest invocation; `invocations.jsonl` keeps one line per invocation.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,8 +101,10 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
         from draftscope.tiny.assets import require_files
 
         require_files(preset)
+    from draftscope.platforms import stage_refusal
+
     for sp in plan.stages:
-        reason = not_built(sp, ctx)
+        reason = not_built(sp, ctx) or stage_refusal(sp.stage.name, uses_engine=preset.source != "kit")
         if reason:
             raise UserError(
                 reason, field="--stage", value=sp.stage.name, fix="run the other stages, or --dry-run"
@@ -133,12 +138,40 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
     for name, path in ctx.inputs.items():
         if name in used and not path.is_file():
             raise UserError("input file not found", field=name, value=str(path), fix="check the path")
+    check_chat_rows(plan)
     if isinstance(runtime, ContainerRuntime):
         needed = {sp.step.image for sp in plan.stages}
         if fetch_step(plan) is not None:
             needed.add(images.STEP_IMAGES["fetch"])
         for image in sorted(needed):
             runtime.image_facts(image)  # a UserError naming the image and how to build it
+
+
+def check_chat_rows(plan: PipelinePlan) -> None:
+    """The chat rows are read once before anything is written, so a malformed file leaves no state behind: what
+    regen needs (an id, messages, something to answer), or pretokenize's rows when it reads data.chat itself."""
+    ctx = plan.context
+    path = ctx.inputs.get("chat")
+    names = {sp.stage.name for sp in plan.stages}
+    if path is None or not path.is_file():
+        return
+    max_rows = plan.config.data.max_rows
+    if "regen" in names:
+        from draftscope.pipeline.regen_client import read_rows
+
+        read_rows(path, max_rows)
+    elif "pretokenize" in names and any(a.name == "chat" for sp in plan.stages for a in sp.inputs):
+        from draftscope.pipeline.pretokenize import read_rows as read_chat
+
+        try:
+            for _ in read_chat(path, max_rows):
+                pass
+        except UnicodeDecodeError as exc:
+            raise UserError(
+                f"not UTF-8 text (byte {exc.start})", source=str(path), field="data.chat"
+            ) from None
+        except ValueError as exc:
+            raise UserError(f"not JSON Lines ({exc})", source=str(path), field="data.chat") from None
 
 
 def stage_preconditions(sp: StagePlan, ctx: StageContext) -> None:
@@ -183,9 +216,62 @@ def write_frozen_config(plan: PipelinePlan, argv: list[str]) -> None:
         log.append(frozen)
 
 
+LOCK_FILE = ".draftscope.lock"
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: Path) -> Iterator[None]:
+    """One invocation at a time on a workdir: a second one is refused (two would write the same rows and
+    records). An OS lock (`flock`), released whatever ends the process; where there is none (Windows), no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / LOCK_FILE
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise UserError(
+                f"another invocation is working in this workdir ({holder})",
+                field="--workdir",
+                value=str(workdir),
+                fix="wait for it to finish (or stop it), or use another --workdir",
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def run_pipeline(plan: PipelinePlan, runtime: Runtime, *, force: bool = False, argv: list[str] | None = None,
                  say: Printer = print) -> list[StageOutcome]:  # fmt: skip
     preflight(plan, runtime)
+    with workdir_lock(plan.workdir):
+        try:
+            return _run_locked(plan, runtime, force=force, argv=argv, say=say)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise UserError(
+                f"no space left to write in the workdir ({exc.strerror}: {exc.filename or '?'}); the stage's "
+                "outputs so far are whole (every write is atomic or line-at-a-time)",
+                field="--workdir",
+                value=str(plan.workdir),
+                fix="free space (or move the workdir), then rerun: completed stages are skipped, regen resumes",
+            ) from None
+
+
+def _run_locked(plan: PipelinePlan, runtime: Runtime, *, force: bool, argv: list[str] | None,
+                say: Printer) -> list[StageOutcome]:  # fmt: skip
     write_frozen_config(plan, argv if argv is not None else sys.argv)
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
     outcomes: list[StageOutcome] = []

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import os
 import re
+import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -27,13 +29,19 @@ ENV_ALLOW = (
 )
 
 
+def _host_user() -> tuple[int, int]:
+    from draftscope.platforms import host_user
+
+    return host_user()
+
+
 @dataclass(frozen=True)
 class Context:
     """Where and as whom a step runs."""
 
     run_dir: Path
     run_id: str
-    user: tuple[int, int] = field(default_factory=lambda: (os.getuid(), os.getgid()))
+    user: tuple[int, int] = field(default_factory=_host_user)  # Windows has no POSIX ids: the images' user
     grace_seconds: float = 5.0  # SIGTERM → SIGKILL on expiry
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -84,6 +92,34 @@ def tail(path: Path | None, lines: int = 5, limit: int = 600) -> str:
     return " | ".join(text)[-limit:]
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a batch scheduler, a container stop) asks the supervisor to stop, as Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While inside, SIGTERM raises `Terminated` in the main thread, so the supervisor stops its step and records
+    the run as interrupted; Python's default would end the supervisor at once and leave the step running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_reason(exc: KeyboardInterrupt) -> str:
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM); the step was stopped"
+    return "interrupted by the user (Ctrl-C); the step was stopped"
+
+
 def supervise(
     proc: subprocess.Popen,
     *,
@@ -91,11 +127,12 @@ def supervise(
     stop: Callable[[], None],
     started: float,
 ) -> tuple[str, str | None]:
-    """Wait for `proc` within `limit` seconds of `started`; on expiry or Ctrl-C call `stop` (which must end the
-    work itself, not only this client process) and wait for the client. Returns (status, reason)."""
+    """Wait for `proc` within `limit` seconds of `started`; on expiry, Ctrl-C or SIGTERM call `stop` (which must
+    end the work itself, not only this client process) and wait for the client. Returns (status, reason)."""
     try:
         remaining = None if limit is None else max(0.0, limit - (time.monotonic() - started))
-        proc.wait(timeout=remaining)
+        with sigterm_interrupts():
+            proc.wait(timeout=remaining)
         return "exited", None
     except subprocess.TimeoutExpired:
         stop()
@@ -104,10 +141,10 @@ def supervise(
             "timed_out",
             f"time limit of {limit:g} s reached (loading and warm-ups included); the step was killed",
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         stop()
         _reap(proc)
-        return "interrupted", "interrupted by the user (Ctrl-C); the step was stopped"
+        return "interrupted", interrupted_reason(exc)
 
 
 def _reap(proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -130,5 +167,13 @@ def outcome_from_exit(
         return Outcome(step.name, "completed", 0, seconds, None, log, container)
     detail = tail(log)
     who = f"{what} for step '{step.name}'" if what else f"step '{step.name}'"
-    reason = f"{who} exited with code {code}" + (f": {detail}" if detail else "")
+    killed = f" (killed by {_signal_name(code)})" if code is not None and code < 0 else ""
+    reason = f"{who} exited with code {code}{killed}" + (f": {detail}" if detail else "")
     return Outcome(step.name, "failed", code, seconds, reason, log, container)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"

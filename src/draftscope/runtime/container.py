@@ -124,9 +124,17 @@ class ContainerRuntime:
             self.remove(name)
 
     def _quiet(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [self.engine, *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
+        try:
+            return subprocess.run(
+                [self.engine, *args], capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except FileNotFoundError:
+            raise UserError(
+                f"the container engine '{self.engine}' is not installed (not on PATH)",
+                field="--runtime",
+                value=self.engine,
+                fix="install it, or use --runtime local for a CPU run",
+            ) from None
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM (through --init), SIGKILL after `grace` seconds: the container itself, by name."""
@@ -150,6 +158,15 @@ class ContainerRuntime:
         """The image's reference, Id and RepoDigests (locally built images have none), for the manifest."""
         ref = image_reference(image)
         result = self._quiet("image", "inspect", ref)
+        if result.returncode != 0 and not _image_missing(result.stderr):
+            # The engine itself did not answer (no daemon, a wrong DOCKER_HOST): say so, not "image missing".
+            first = next((line for line in result.stderr.splitlines() if line.strip()), "no answer")
+            raise UserError(
+                f"the container engine '{self.engine}' does not answer: {first.strip()}",
+                field="--runtime",
+                value=self.engine,
+                fix="start the engine (see `invoke doctor`), or use --runtime local for a CPU run",
+            )
         if result.returncode != 0:
             raise UserError(
                 f"image {ref} is not present for {self.engine}",
@@ -158,3 +175,9 @@ class ContainerRuntime:
             )
         (info,) = json.loads(result.stdout)
         return {"reference": ref, "id": info.get("Id"), "repo_digests": list(info.get("RepoDigests") or [])}
+
+
+def _image_missing(stderr: str) -> bool:
+    """docker: "No such image"; podman: "image not known" (through its Docker API: "No such image")."""
+    text = stderr.lower()
+    return "no such image" in text or "image not known" in text or "no such object" in text

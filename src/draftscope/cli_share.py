@@ -1,0 +1,28 @@
+"""`invoke share`: pack a run for an issue report or a reviewer (the library is `draftscope.share`)."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from draftscope.errors import UserError
+from draftscope.taskutil import user_errors
+
+
+@task(
+    help={
+        "run": "the run directory to pack",
+        "output": "the bundle to write, e.g. bundle.tar.gz (a new file: an existing one is refused)",
+        "include_text": "also pack prompts, generated tokens, logs and captured head calls (left out by default)",
+    }
+)
+@user_errors
+def share(c, run, output=None, include_text=False):
+    """Pack a run: manifest, config, summary, records without prompt or generated text, hardware, SHA256SUMS."""
+    from draftscope.share import pack
+
+    if not output:
+        raise UserError("no bundle given", field="--output", fix="add --output NAME.tar.gz (a new file)")
+    print("\n".join(pack(run, output, include_text=include_text).lines()))
+
+
+SHARE_TASKS = (share,)

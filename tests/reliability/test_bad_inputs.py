@@ -1,0 +1,267 @@
+"""The bad-input corpus: one parametrized case per bad input, each run through the real command line (`invoke …`).
+
+Every case must be refused with exactly one line on stderr, starting `error:` and naming what is wrong (the
+expected phrase), no traceback, a non-zero exit, and no state left behind: the case's folder (its input files,
+any pre-existing output) is byte-identical afterwards and no run directory or workdir appears. Values carrying
+shell metacharacters must reach no shell: the canary file they try to create never appears.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from support import ROOT, run_invoke
+
+pytestmark = pytest.mark.reliability
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+PROMPT = '{"id": "p1", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+def prompts(*items: str, head: str = '"schema_version": 1, "name": "bad"') -> str:
+    return "{" + head + ', "prompts": [' + ", ".join(items) + "]}"
+
+
+def bench(*extra: str, **flags: str | None) -> tuple[str, ...]:
+    """`invoke benchmark` on the tiny CPU path into {run}; a flag set to None is left out."""
+    base = {"backend": "transformers", "preset": "tiny", "device": "cpu", "runtime": "local",
+            "prompts": "examples/prompts.json", "repeats": "1", "max-new-tokens": "4", "output": "{run}"}  # fmt: skip
+    base.update({k.replace("_", "-"): v for k, v in flags.items()})
+    argv = ["benchmark"]
+    for name, value in base.items():
+        if value is not None:
+            argv += [f"--{name}", value]
+    return (*argv, *extra)
+
+
+def pipe(*extra: str, preset: str = "tiny", stage: str = "regen") -> tuple[str, ...]:
+    """`invoke pipeline` on the tiny CPU path with the workdir {tmp}/w."""
+    head = ("pipeline", "--preset", preset, "--runtime", "local", "--stage", stage, "--workdir", "{tmp}/w")
+    return (*head, *extra)
+
+
+def copy_presets(edit: Callable[[Path], None]) -> Callable[[Path], None]:
+    """A private presets folder ($DRAFTSCOPE_PRESETS) with one file edited."""
+
+    def setup(tmp: Path) -> None:
+        shutil.copytree(ROOT / "presets", tmp / "presets")
+        edit(tmp / "presets")
+
+    return setup
+
+
+def edit_qwen(old: str, new: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        path = folder / "models" / "qwen3-8b.yaml"
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+
+    return edit
+
+
+def fake_tool(name: str) -> Callable[[Path], None]:
+    """Evidence of a non-NVIDIA accelerator stack on PATH (the real one cannot exist on this machine)."""
+
+    def setup(tmp: Path) -> None:
+        (tmp / "bin").mkdir()
+        tool = tmp / "bin" / name
+        tool.write_text("#!/bin/sh\nexit 0\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+    return setup
+
+
+def huge_file(tmp: Path) -> None:
+    with (tmp / "huge.json").open("wb") as fh:  # sparse: the size is checked before anything is read
+        fh.truncate(65 * 2**20)
+
+
+def existing_run(tmp: Path) -> None:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "notes.txt").write_text("someone's earlier work\n")
+
+
+def storage_conf(tmp: Path) -> None:
+    """An empty image store for podman: a real engine that has no kit image."""
+    (tmp / "storage.conf").write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{tmp}/graph"\nrunroot = "{tmp}/runroot"\n'
+    )
+
+
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    args: tuple[str, ...]
+    expect: str  # a phrase the one-line error must hold (the field, the value or the rule)
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None
+    needs: str | None = None  # an executable the case needs on PATH
+
+
+CASES = [
+    # --- prompt files ---------------------------------------------------------------------------------------------
+    Bad("prompts-malformed-json", bench(prompts="{tmp}/p.json"), "not valid JSON", {"p.json": '{"prompts": ['}),
+    Bad("prompts-empty-file", bench(prompts="{tmp}/p.json"), "not valid JSON", {"p.json": ""}),
+    Bad("prompts-non-utf8", bench(prompts="{tmp}/p.json"), "not UTF-8", {"p.json": b'{"name": "\xff\xfe"}'}),
+    Bad("prompts-huge-file", bench(prompts="{tmp}/huge.json"), "the limit is 64 MiB", setup=huge_file),
+    Bad("prompts-duplicate-ids", bench(prompts="{tmp}/p.json"), "duplicate prompt ids", {"p.json": prompts(PROMPT, PROMPT)}),
+    Bad("prompts-id-wrong-type", bench(prompts="{tmp}/p.json"), "$.prompts[0].id", {"p.json": prompts('{"id": 7, "messages": [{"role": "user", "content": "hi"}]}')}),
+    Bad("prompts-messages-not-a-list", bench(prompts="{tmp}/p.json"), "$.prompts[0].messages", {"p.json": prompts('{"id": "a", "messages": "hi"}')}),
+    Bad("prompts-unknown-key", bench(prompts="{tmp}/p.json"), "unknown key 'temperature'", {"p.json": prompts('{"id": "a", "temperature": 0.7, "messages": [{"role": "user", "content": "hi"}]}')}),
+    Bad("prompts-empty-list", bench(prompts="{tmp}/p.json"), "$.prompts", {"p.json": prompts()}),
+    Bad("prompts-empty-content", bench(prompts="{tmp}/p.json"), "content", {"p.json": prompts('{"id": "a", "messages": [{"role": "user", "content": ""}]}')}),
+    Bad("prompts-unknown-role", bench(prompts="{tmp}/p.json"), "'tool' is not allowed", {"p.json": prompts('{"id": "a", "messages": [{"role": "tool", "content": "x"}]}')}),
+    Bad("prompts-top-level-list", bench(prompts="{tmp}/p.json"), "is not of type 'object'", {"p.json": "[1, 2]"}),
+    Bad("prompts-missing-file", bench(prompts="{tmp}/nowhere.json"), "prompt file not found"),
+    Bad("prompts-a-folder", bench(prompts="{tmp}"), "prompt file not found"),
+    # --- numbers ----------------------------------------------------------------------------------------------------
+    Bad("repeats-negative", bench(repeats="-1"), "$.repeats"),
+    Bad("repeats-zero", bench(repeats="0"), "$.repeats"),
+    Bad("repeats-not-an-integer", bench(repeats="1.5"), "--repeats: expected an integer"),
+    Bad("repeats-absurd", bench(repeats="1000000"), "$.repeats"),
+    Bad("max-seconds-negative", bench("--max-seconds", "-5"), "$.max_seconds"),
+    Bad("max-seconds-nan", bench("--max-seconds", "nan"), "not a finite number"),
+    Bad("max-seconds-infinite", bench("--max-seconds", "inf"), "$.max_seconds"),
+    Bad("max-new-tokens-absurd", bench(max_new_tokens="100000000000"), "$.max_new_tokens"),
+    Bad("memory-fraction-above-one", bench("--memory-fraction", "1.5"), "$.memory_fraction"),
+    Bad("warmups-negative", bench("--warmups", "-1"), "$.warmups"),
+    Bad("fixed-tokens-zero", bench("--fixed-tokens", "0"), "$.fixed_tokens"),
+    Bad("draft-tokens-absurd", bench("--draft-tokens", "1000"), "$.draft_tokens"),
+    Bad("opts-nan", bench("--opts", "max_seconds=.nan"), "not a finite number"),
+    Bad("opts-seed-negative", bench("--opts", "seed=-1"), "$.seed"),
+    Bad("opts-wrong-type", bench("--opts", "repeats=many"), "is not of type 'integer'"),
+    Bad("opts-value-for-a-section", bench("--opts", "vllm=3"), "$.vllm"),
+    # --- unknown and misspelled keys, malformed overrides and config files -------------------------------------
+    Bad("opts-misspelled-key", bench("--opts", "repeat=3"), "did you mean 'repeats'"),
+    Bad("opts-misspelled-nested-key", bench("--opts", "vllm.max_model_lenght=4096"), "did you mean 'max_model_len'"),
+    Bad("opts-without-equals", bench("--opts", "repeats"), "key=value"),
+    Bad("opts-empty-key-part", bench("--opts", "vllm..x=1"), "empty component"),
+    Bad("experiment-file-misspelled-key", bench("--experiment", "{tmp}/e.yaml"), "did you mean 'max_new_tokens'", {"e.yaml": "schema_version: 1\nname: mine\nbackend: transformers\nmodel_preset: tiny\nmax_new_token: 8\n"}),
+    Bad("experiment-file-not-a-mapping", bench("--experiment", "{tmp}/e.yaml"), "expected a mapping", {"e.yaml": "- 1\n- 2\n"}),
+    Bad("experiment-file-invalid-yaml", bench("--experiment", "{tmp}/e.yaml"), "not valid YAML", {"e.yaml": "name: [unclosed\n"}),
+    Bad("experiment-file-non-utf8", bench("--experiment", "{tmp}/e.yaml"), "not UTF-8", {"e.yaml": b"name: \xff\n"}),
+    # --- revisions and remote code ------------------------------------------------------------------------------
+    Bad("model-without-revision", bench("--model", "Org/Name"), "revision"),
+    Bad("model-short-revision", bench("--model", "Org/Name", "--revision", "abc1234"), "$.revision"),
+    Bad("model-non-hex-revision", bench("--model", "Org/Name", "--revision", "g" * 40), "$.revision"),
+    Bad("draft-without-revision", bench("--draft", "Org/Draft"), "draft_revision"),
+    Bad("revision-without-model", bench("--revision", SHA), "without --model"),
+    Bad("tiny-draft-with-a-hub-target", bench("--draft", "tiny", preset="qwen3-8b"), "pairs only with the tiny target"),
+    Bad("preset-short-revision", bench(preset="qwen3-8b"), "$.hub.revision", env={"DRAFTSCOPE_PRESETS": "{tmp}/presets"}, setup=copy_presets(edit_qwen("b968826d9c46dd6066d109eabc6255188de91218", "b968826"))),
+    Bad("preset-trust-remote-code", bench(preset="qwen3-8b"), "unknown key 'trust_remote_code'", env={"DRAFTSCOPE_PRESETS": "{tmp}/presets"}, setup=copy_presets(edit_qwen("  repo: Qwen/Qwen3-8B\n", "  repo: Qwen/Qwen3-8B\n  trust_remote_code: true\n"))),
+    Bad("opts-trust-remote-code", bench("--opts", "trust_remote_code=true"), "unknown key 'trust_remote_code'"),
+    Bad("opts-vllm-trust-remote-code", bench("--opts", "vllm.trust_remote_code=true"), "unknown key 'trust_remote_code'"),
+    # --- shell metacharacters: data, never a shell ----------------------------------------------------------------
+    Bad("opts-name-with-semicolon", bench("--opts", "name=x;touch {canary}"), "$.name"),
+    Bad("opts-model-with-backticks", bench("--opts", "model=`touch {canary}`/x", "--opts", f"revision={SHA}"), "$.model"),
+    Bad("opts-prompts-with-subshell", bench("--opts", "prompts=$(touch {canary})"), "prompt file not found"),
+    Bad("opts-runtime-with-pipe", bench("--opts", "runtime=local|touch {canary}"), "$.runtime"),
+    # --- output paths -----------------------------------------------------------------------------------------------
+    Bad("output-name-with-a-space", bench(output="{tmp}/my run"), "becomes the run id"),
+    Bad("output-hidden-name", bench(output="{tmp}/.run"), "becomes the run id"),
+    Bad("output-exists", bench(), "already exists", setup=existing_run),
+    Bad("output-is-a-file", bench(), "already exists", {"run": "not a folder\n"}),
+    Bad("output-missing", bench(output=None), "no run directory given"),
+    # --- the pipeline's configs and paths --------------------------------------------------------------------------
+    Bad("pipeline-checkpoint-escapes-workdir", pipe("--opts", "convert.checkpoint=../../../etc"), "$.convert.checkpoint"),
+    Bad("pipeline-name-escapes-runs", pipe("--opts", "name=../../x"), "$.name"),
+    Bad("pipeline-misspelled-key", pipe("--opts", "regen.concurency=3"), "did you mean 'concurrency'"),
+    Bad("pipeline-negative-epochs", pipe("--opts", "train.epochs=-1"), "$.train.epochs"),
+    Bad("pipeline-zero-concurrency", pipe("--opts", "regen.concurrency=0"), "$.regen.concurrency"),
+    Bad("pipeline-unknown-stage", pipe(stage="regen,convrt"), "unknown stage 'convrt'"),
+    Bad("pipeline-unknown-draft", pipe("--draft", "dflash3"), "unknown draft type"),
+    Bad("pipeline-config-trust-remote-code", pipe("--config", "{tmp}/run.yaml"), "unknown key 'trust_remote_code'", {"run.yaml": "trust_remote_code: true\n"}),
+    Bad("pipeline-missing-chat-rows", pipe("--opts", "data.chat={tmp}/nowhere.jsonl"), "input file not found"),
+    Bad("pipeline-gpus-on-a-cpu-run", pipe("--opts", "regen.instances=[{gpus: [0]}]"), "no GPUs to assign"),
+    Bad("pipeline-hub-preset-on-a-cpu", pipe("--opts", "device=cpu", preset="qwen3-8b"), "cannot run on a CPU"),
+    # --- GPUs, engines, images ------------------------------------------------------------------------------------
+    Bad("gpu-missing", bench(device="cuda"), "no NVIDIA GPU found"),
+    Bad("gpu-not-nvidia", bench(device="cuda"), "AMD ROCm", env={"PATH": "{tmp}/bin:" + os.environ.get("PATH", "")}, setup=fake_tool("rocm-smi")),
+    Bad("vllm-without-a-gpu", bench(backend="vllm", device="cpu"), "only on an NVIDIA GPU"),
+    Bad("engine-missing", bench(runtime="docker"), "is not installed", env={"PATH": "{tmp}/empty"}),
+    Bad("engine-not-answering", bench(runtime="docker"), "does not answer", env={"DOCKER_HOST": "unix://{tmp}/no.sock"}, needs="docker"),
+    Bad("image-missing", bench(runtime="podman"), "is not present for podman", env={"CONTAINERS_STORAGE_CONF": "{tmp}/storage.conf"}, setup=storage_conf, needs="podman"),
+    Bad("unknown-runtime", bench(runtime="kubernetes"), "$.runtime"),
+    Bad("unknown-backend", bench(backend="tgi"), "unknown backend"),
+    Bad("unknown-device", bench(device="tpu"), "$.device"),
+    Bad("misspelled-preset", bench(preset="tinyy"), "did you mean 'tiny'"),
+    Bad("unknown-experiment", bench("--experiment", "nosuch"), "no experiment preset named 'nosuch'"),
+]  # fmt: skip
+
+
+def snapshot(folder: Path, ignore: tuple[str, ...] = ()) -> dict[str, bytes | None]:
+    return {
+        rel: (p.read_bytes() if p.is_file() and p.stat().st_size < 2**20 else None)
+        for p in sorted(folder.rglob("*"))
+        if not (rel := str(p.relative_to(folder))).startswith(ignore)
+    }
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    state_kept: bool
+    canary: bool
+
+
+def attempt(case: Bad, folder: Path) -> Outcome:
+    folder.mkdir()
+    canary = folder / "CANARY"
+    values = {"{tmp}": str(folder), "{run}": str(folder / "run"), "{canary}": str(canary)}
+
+    def fill(text: str) -> str:
+        for key, value in values.items():
+            text = text.replace(key, value)
+        return text
+
+    for name, content in case.files.items():
+        (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    if case.setup is not None:
+        case.setup(folder)
+    (folder / "empty").mkdir(exist_ok=True)
+    ignore = ("graph", "runroot")  # podman's own (empty) image store, created by podman itself
+    before = snapshot(folder, ignore)
+    result = run_invoke(*map(fill, case.args), env={k: fill(v) for k, v in case.env.items()}, timeout=120)
+    return Outcome(result.returncode, result.stdout, result.stderr, snapshot(folder, ignore) == before,
+                   canary.exists())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, Outcome]:
+    """Every case run once, three at a time (each is a fresh `invoke` process; most of their time is start-up)."""
+    root = tmp_path_factory.mktemp("bad")
+    runnable = [c for c in CASES if not c.needs or shutil.which(c.needs)]
+    with ThreadPoolExecutor(3) as pool:
+        done = pool.map(lambda c: attempt(c, root / c.id), runnable)
+        return {c.id: o for c, o in zip(runnable, done, strict=True)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_cleanly(case: Bad, outcomes, figures):
+    if case.id not in outcomes:
+        pytest.skip(f"{case.needs} is not installed here")
+    out = outcomes[case.id]
+    refused = False
+    try:
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.returncode != 0, out.stdout[-1500:]
+        assert "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert len(lines) == 1, out.stderr
+        assert lines[0].startswith("error:") and case.expect in lines[0], lines[0]
+        assert out.state_kept, "the refused command left state behind"
+        assert not out.canary, "a value reached a shell"
+        refused = True
+    finally:
+        figures.bad_input(case.id, refused)

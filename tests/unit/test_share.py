@@ -1,0 +1,207 @@
+"""`invoke share`: the bundle holds no prompt or generated text unless asked, and never touches the run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tarfile
+
+import pytest
+
+from draftscope.errors import UserError
+from draftscope.share import TEXT_FIELDS, pack, redact
+
+from support import run_invoke, tiny_benchmark
+
+CANARY = "periwinkle-canary-4417"
+GENERATED = "the ostrich sings in base64"
+
+
+def host():
+    return {"gpus": [], "gpu_source": None, "engines": [], "toolkit": {}, "memory": None, "verdict": ["no GPU"],
+            "disk": {"path": "/home/someone/secret-project"}}  # fmt: skip
+
+
+def make_run(folder, *, torn=False):
+    """A run directory as the supervisor leaves it, with text planted wherever a run can hold it."""
+    run = folder / "R1"
+    (run / "inputs").mkdir(parents=True)
+    (run / "logs").mkdir()
+    (run / "head").mkdir()
+    prompts = {"schema_version": 1, "name": "p", "prompts": [
+        {"id": "p1", "messages": [{"role": "user", "content": f"Tell me about {CANARY}."}]}]}  # fmt: skip
+    (run / "inputs" / "prompts.json").write_text(json.dumps(prompts))
+    (run / "logs" / "benchmark.log").write_text(f"generated: {GENERATED}\n")
+    (run / "head" / "capture.json").write_text(json.dumps({"calls": [{"next_token": 17}]}))
+    (run / ".space-reserve").write_bytes(bytes(16))
+    manifest = {"schema_version": 1, "kind": "benchmark", "run_id": "R1", "status": "completed",
+                "config": {"backend": "transformers", "prompts": "p.json", "repeats": 1},
+                "hardware": {"device": "cpu", "cpu_count": 2}, "kit": {"version": "0.1.0"}}  # fmt: skip
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "summary.json").write_text(json.dumps({"run_id": "R1", "records": 2, "greedy_agreement": True}))
+    (run / "worker.json").write_text(json.dumps({"hardware": {"torch_threads": 2}, "phase": "done"}))
+    extra = {
+        "head": {"fallbacks": 1},
+        "generated_text": GENERATED,
+        "steps": [{"text": GENERATED, "accepted": 2}],
+    }
+    records = [
+        {"prompt_id": "p1", "repeat": r, "generated_token_ids": [901, 902, 903, 904], "generated_tokens": 4,
+         "request_seconds": 0.5, "extra": extra}
+        for r in range(2)
+    ]  # fmt: skip
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    if torn:
+        lines += '{"prompt_id": "p1", "generated_text": "' + GENERATED[:9]  # a killed writer's last line
+    (run / "records.jsonl").write_text(lines)
+    return run
+
+
+def snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def members(bundle):
+    with tarfile.open(bundle) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def test_redact_removes_text_fields_at_any_depth():
+    record = {"a": 1, "generated_token_ids": [1], "extra": {"text": "x", "n": [{"messages": [], "k": 2}]}}
+    out, removed = redact(record)
+    assert out == {"a": 1, "extra": {"n": [{"k": 2}]}}
+    assert removed == {"generated_token_ids", "text", "messages"} <= TEXT_FIELDS
+
+
+def test_bundle_has_no_text_by_default_and_checks_out(tmp_path):
+    run = make_run(tmp_path, torn=True)
+    before = snapshot(run)
+    bundle = pack(run, tmp_path / "b.tar.gz", collect=host)
+    assert snapshot(run) == before, "packing must not change the run directory"
+    files = members(tmp_path / "b.tar.gz")
+    assert sorted(files) == [f"R1/{n}" for n in ("SHA256SUMS", "SHARE.json", "config.json", "hardware.json",
+                                                   "manifest.json", "records.jsonl", "summary.json",
+                                                   "worker.json")]  # fmt: skip
+    blob = b"\n".join(files.values())
+    for needle in (CANARY, GENERATED, GENERATED[:9], "901, 902", "/home/someone"):
+        assert needle.encode() not in blob, needle
+    assert b"generated_token_ids" not in files["R1/records.jsonl"]
+    records = [json.loads(line) for line in files["R1/records.jsonl"].splitlines()]
+    assert [r["repeat"] for r in records] == [0, 1]
+    assert records[0]["extra"] == {"head": {"fallbacks": 1}, "steps": [{"accepted": 2}]}
+    share = json.loads(files["R1/SHARE.json"])
+    assert share["records"] == {"kept": 2, "incomplete_lines_left_out": 1,
+                                "fields_removed": ["generated_text", "generated_token_ids", "text"]}  # fmt: skip
+    assert share["left_out"] == ["head/capture.json", "inputs/prompts.json", "logs/benchmark.log"]
+    assert json.loads(files["R1/config.json"])["backend"] == "transformers"
+    hardware = json.loads(files["R1/hardware.json"])
+    assert hardware["run"] == {"device": "cpu", "cpu_count": 2} and hardware["worker"] == {"torch_threads": 2}
+    sums = dict(reversed(line.split("  ")) for line in files["R1/SHA256SUMS"].decode().splitlines())
+    assert set(sums) == {n.removeprefix("R1/") for n in files} - {"SHA256SUMS"}
+    for name, digest in sums.items():
+        assert hashlib.sha256(files[f"R1/{name}"]).hexdigest() == digest
+    assert bundle.records == 2 and bundle.torn_lines == 1
+
+
+def test_include_text_packs_everything_of_the_run(tmp_path):
+    run = make_run(tmp_path)
+    pack(run, tmp_path / "b.tar.gz", include_text=True, collect=host)
+    files = members(tmp_path / "b.tar.gz")
+    assert {"R1/inputs/prompts.json", "R1/logs/benchmark.log", "R1/head/capture.json"} <= set(files)
+    assert "R1/.space-reserve" not in files
+    assert CANARY.encode() in files["R1/inputs/prompts.json"]
+    assert b"generated_token_ids" in files["R1/records.jsonl"]
+
+
+def test_archive_members_are_plain_and_fixed(tmp_path):
+    pack(make_run(tmp_path), tmp_path / "b.tar.gz", collect=host)
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        for m in tar.getmembers():
+            assert m.isfile() and (m.mode, m.mtime, m.uid, m.gid, m.uname) == (0o644, 0, 0, 0, "")
+    assert (tmp_path / "b.tar.gz").read_bytes()[4:8] == bytes(4), "gzip header without a timestamp"
+
+
+def test_refusals_leave_everything_unchanged(tmp_path):
+    run = make_run(tmp_path)
+    existing = tmp_path / "old.tar.gz"
+    existing.write_bytes(b"keep me")
+    with pytest.raises(UserError, match="already exists"):
+        pack(run, existing, collect=host)
+    assert existing.read_bytes() == b"keep me"
+    with pytest.raises(UserError, match="inside the run directory"):
+        pack(run, run / "b.tar.gz", collect=host)
+    with pytest.raises(UserError, match="folder does not exist"):
+        pack(run, tmp_path / "nope" / "b.tar.gz", collect=host)
+    workdir = tmp_path / "W"
+    (workdir / "stages").mkdir(parents=True)
+    (workdir / "pipeline.json").write_text("{}")
+    with pytest.raises(UserError, match="pipeline workdir"):
+        pack(workdir, tmp_path / "w.tar.gz", collect=host)
+    with pytest.raises(UserError, match="no such run directory"):
+        pack(tmp_path / "missing", tmp_path / "m.tar.gz", collect=host)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["R1", "W", "old.tar.gz"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["R1"], "--output"),
+        (["R1", "--output", "old.tar.gz"], "already exists"),
+        (["missing", "--output", "x.tar.gz"], "no such run directory"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path, args, needle):
+    make_run(tmp_path)
+    (tmp_path / "old.tar.gz").write_bytes(b"keep me")
+    from support import ROOT
+
+    done = run_invoke("--search-root", str(ROOT), "share", *args, cwd=tmp_path)
+    assert done.returncode == 2
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error:") and needle in err, err
+
+
+# --- a real tiny run --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_tiny_run_bundle_holds_no_prompt_or_generated_text(tmp_path):
+    """The acceptance check: a real CPU run of the tiny models, packed, then searched for its own text."""
+    from draftscope import tiny
+
+    prompts = tmp_path / "prompts.json"
+    texts = [f"Explain the {CANARY} protocol in one sentence.", f"Write a haiku about {CANARY} rivers."]
+    prompts.write_text(json.dumps({"schema_version": 1, "name": "canaries", "prompts": [
+        {"id": f"c{i}", "messages": [{"role": "user", "content": t}]} for i, t in enumerate(texts)]}))  # fmt: skip
+    run = tmp_path / "run"
+    args = [a for a in tiny_benchmark("local") if a != "examples/prompts.json"]
+    args[args.index("--prompts") + 1 : args.index("--prompts") + 1] = [str(prompts)]
+    done = run_invoke(*args, "--output", str(run), "--repeats", "1", "--max-new-tokens", "24", "--draft", "tiny",
+                      timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = run_invoke("share", str(run), "--output", str(tmp_path / "b.tar.gz"), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "text removed (generated_token_ids)" in done.stdout
+
+    tokenizer = tiny.load_tokenizer()
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    generated = [tokenizer.decode(r["generated_token_ids"], skip_special_tokens=True) for r in records]
+    files = members(tmp_path / "b.tar.gz")
+    blob = b"\n".join(files.values()).decode("utf-8")
+    assert CANARY not in blob
+    for text in generated:
+        longest = max(re.split(r"\s{2,}|\n", text), key=len).strip()
+        assert len(longest) < 12 or longest not in blob, longest
+    for r in records:
+        ids = r["generated_token_ids"]
+        for i in range(0, max(1, len(ids) - 6)):
+            assert ", ".join(map(str, ids[i : i + 6])) not in blob
+    assert b"generated_token_ids" not in files["run/records.jsonl"]
+    # The same search finds the text when it is asked for.
+    done = run_invoke(
+        "share", str(run), "--output", str(tmp_path / "t.tar.gz"), "--include-text", timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert CANARY in b"\n".join(members(tmp_path / "t.tar.gz").values()).decode("utf-8")
