@@ -59,3 +59,19 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+# A small random Qwen3-shaped target for the CPU training tests (built by the tests with the kit's tokenizer).
+SMALL_QWEN3_PRESET = """\
+schema_version: 1
+name: small
+display_name: small random Qwen3 (test)
+source: hub
+hub: {repo: test/small, revision: 0123456789abcdef0123456789abcdef01234567}
+architecture: {kind: dense, model_type: qwen3, num_layers: 4, hidden_size: 64, vocab_size: 512,
+               max_position_embeddings: 512}
+dflash: {block_size: 4, decay_gamma: 2, target_layer_ids: [1, 2], num_draft_layers: 2, mask_token_id: 3}
+training: {seq_length: 128, max_anchors: 16, nproc_per_node: 1, epochs: 1}
+serving: {tp_size: 1}
+status: {tested: false}
+"""

@@ -17,6 +17,8 @@ pytest.importorskip("transformers")
 from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
+from support import INVOKE_PIPELINE
+
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1] / "unit")
 )  # the checkpoint writer of the unit tests
@@ -24,10 +26,6 @@ from test_pipeline_convert import checkpoint
 
 pytestmark = pytest.mark.integration
 
-INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
-    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
-)
 PRESET = """\
 schema_version: 1
 name: small

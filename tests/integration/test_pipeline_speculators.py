@@ -19,29 +19,15 @@ import pytest
 from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
+from support import INVOKE_PIPELINE, SMALL_QWEN3_PRESET
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 pytest.importorskip("speculators")
 pytest.importorskip("datasets")
 torch = pytest.importorskip("torch")
 
-INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
-    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
-)
-PRESET = """\
-schema_version: 1
-name: small
-display_name: small random Qwen3 (test)
-source: hub
-hub: {repo: test/small, revision: 0123456789abcdef0123456789abcdef01234567}
-architecture: {kind: dense, model_type: qwen3, num_layers: 4, hidden_size: 64, vocab_size: 512,
-               max_position_embeddings: 512}
-dflash: {block_size: 4, decay_gamma: 2, target_layer_ids: [1, 2], num_draft_layers: 2, mask_token_id: 3}
-training: {seq_length: 128, max_anchors: 16, nproc_per_node: 1, epochs: 1}
-serving: {tp_size: 1}
-status: {tested: false}
-"""
+PRESET = SMALL_QWEN3_PRESET
 STAGES = "pretokenize,prepare,hsextract,train,convert"
 
 

@@ -6,18 +6,15 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from support import INVOKE_PIPELINE, free_port, port_is_free  # noqa: F401 - used by the fault tests
+
 ROOT = Path(__file__).resolve().parents[2]
-INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
-    "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
-)
 # Keep concurrent CPU runs from oversubscribing the two cores (the runtime passes it on by name).
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -34,22 +31,6 @@ def start(argv: list[str], env: dict[str, str] | None = None, log: Path | None =
     out = log.open("wb") if log is not None else subprocess.DEVNULL
     return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **QUIET_ENV, **(env or {})}, stdout=out,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float = 0.02,

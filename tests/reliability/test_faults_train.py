@@ -25,23 +25,12 @@ from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
 from faultlib import ROOT, kill_group, pipeline_argv, signal_name, start, wait_for_child
+from support import SMALL_QWEN3_PRESET
 
 pytestmark = pytest.mark.reliability
 
 TRAIN_PYTHON = Path(os.environ.get("DRAFTSCOPE_TRAIN_PYTHON", ROOT / ".venv-train" / "bin" / "python"))
-PRESET = """\
-schema_version: 1
-name: small
-display_name: small random Qwen3 (test)
-source: hub
-hub: {repo: test/small, revision: 0123456789abcdef0123456789abcdef01234567}
-architecture: {kind: dense, model_type: qwen3, num_layers: 4, hidden_size: 64, vocab_size: 512,
-               max_position_embeddings: 512}
-dflash: {block_size: 4, decay_gamma: 2, target_layer_ids: [1, 2], num_draft_layers: 2, mask_token_id: 3}
-training: {seq_length: 128, max_anchors: 16, nproc_per_node: 1, epochs: 1}
-serving: {tp_size: 1}
-status: {tested: false}
-"""
+PRESET = SMALL_QWEN3_PRESET
 SETUP = """
 import inspect, json, sys
 from pathlib import Path
