@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from draftscope.bench.summary import read_records
 from draftscope.errors import UserError
 
 PROMPTS = "examples/prompts.json"
@@ -125,19 +125,15 @@ def run_step(step: Step, demo: Demo) -> None:
 # --- the summary ----------------------------------------------------------------------------------------------
 
 
-def records(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip()]
-
-
 def tokens_match(base: Path, other: Path) -> tuple[int, int]:
     """(prompt × repeat pairs compared, identical) between two runs' generated token ids."""
-    ref = {(r["prompt_id"], r["repeat"]): r["generated_token_ids"] for r in records(base)}
-    pairs = [(ref.get((r["prompt_id"], r["repeat"])), r["generated_token_ids"]) for r in records(other)]
+    ref = {(r["prompt_id"], r["repeat"]): r["generated_token_ids"] for r in read_records(base)}
+    pairs = [(ref.get((r["prompt_id"], r["repeat"])), r["generated_token_ids"]) for r in read_records(other)]
     return len(pairs), sum(a == b for a, b in pairs)
 
 
 def tokens_per_call(run: Path) -> float | None:
-    lengths = [n for r in records(run) for n in (r.get("acceptance_lengths") or [])]
+    lengths = [n for r in read_records(run) for n in (r.get("acceptance_lengths") or [])]
     return sum(lengths) / len(lengths) if lengths else None
 
 

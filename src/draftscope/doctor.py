@@ -196,6 +196,15 @@ def gpus_from_nvidia_smi(runner: Runner = subprocess.run) -> list[Gpu] | None:
     return [dataclasses.replace(gpu, cuda_version=cuda) for gpu in gpus]
 
 
+def nvidia_gpus_present() -> bool:
+    """Whether this host has an NVIDIA GPU a run can use: NVML, else nvidia-smi (what a GPU step is refused on)."""
+    try:
+        found = gpus_from_nvml()
+    except Exception:  # a broken NVML install: ask nvidia-smi
+        found = None
+    return bool(found or gpus_from_nvidia_smi())
+
+
 def _read_text(path: str) -> str | None:
     try:
         return Path(path).read_text()

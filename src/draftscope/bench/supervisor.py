@@ -85,7 +85,7 @@ def require_nvidia_gpu() -> None:
     before a run directory exists. (Through a container engine, the engine's own refusal is the run's failure.)"""
     from draftscope import doctor
 
-    if doctor.gpus_from_nvml() or doctor.gpus_from_nvidia_smi():
+    if doctor.nvidia_gpus_present():
         return
     other = doctor.unsupported_accelerators(doctor.Probes())
     found = ", ".join(f"{a['vendor']} {a['stack']} ({a['evidence']})" for a in other)

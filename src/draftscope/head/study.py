@@ -53,12 +53,12 @@ def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
 
     from safetensors import safe_open
 
+    from draftscope.pipeline.base import hub_snapshot
     from draftscope.plan import hub_cache_dir
 
     repo = config.get("model") or preset.hub.repo
     revision = config.get("revision") or preset.hub.revision
-    owner, name = repo.split("/", 1)
-    snapshot = hub_cache_dir() / f"models--{owner}--{name}" / "snapshots" / str(revision)
+    snapshot = Path(hub_snapshot(str(hub_cache_dir()), repo, str(revision)))
     index = snapshot / "model.safetensors.index.json"
     weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else None
     for key in ("lm_head.weight", "model.embed_tokens.weight"):

@@ -32,7 +32,6 @@ from typing import Any
 from draftscope.errors import UserError
 from draftscope.jsonio import JsonlAppender, atomic_write_json
 
-RETRY_STATUSES = frozenset({408, 409, 425, 429})
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
 MISSING_SHOWN = 10
@@ -209,10 +208,6 @@ class RowFailed(Exception):
         self.attempts = attempts
 
 
-def retryable(status: int | None) -> bool:
-    return status is None or status in RETRY_STATUSES or status >= 500
-
-
 def backoff(attempt: int, rng: random.Random) -> float:
     return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt) * (0.5 + rng.random() / 2)
 
@@ -220,7 +215,7 @@ def backoff(attempt: int, rng: random.Random) -> float:
 def complete(url: str, body: dict[str, Any], *, timeout: float, max_retries: int, stop: threading.Event,
              rng: random.Random, on_retry: Callable[[], None] = lambda: None) -> tuple[dict[str, Any], int]:  # fmt: skip
     """POST a chat completion with retries; returns (response, attempts) or raises RowFailed."""
-    from draftscope.pipeline.servers import HttpError, request
+    from draftscope.pipeline.servers import HttpError, request, retryable
 
     attempt = 0
     while True:

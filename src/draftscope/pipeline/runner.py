@@ -78,19 +78,11 @@ def _produced_by_earlier(path: Path, produced: list[Path]) -> bool:
     return any(path == p or p in path.parents or path in p.parents for p in produced)
 
 
-def gpus_present() -> bool:
-    from draftscope.doctor import gpus_from_nvidia_smi, gpus_from_nvml
-
-    try:
-        found = gpus_from_nvml()
-    except Exception:  # NVML missing or broken: ask nvidia-smi
-        found = None
-    return bool(found if found is not None else gpus_from_nvidia_smi())
-
-
 def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) -> None:
     """Everything that can be refused before anything is written: unpinned targets, missing inputs (external,
     or produced by a stage that is neither selected nor completed), GPU stages without a GPU, missing images."""
+    from draftscope.doctor import nvidia_gpus_present
+
     ctx = plan.context
     preset = plan.preset
     if preset.hub is not None and plan.config.model_path is None:
@@ -128,7 +120,7 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
                 )
         produced += [a.path for a in sp.outputs]
     gpu_stages = [sp.stage.name for sp in plan.stages if sp.stage.uses_gpu]
-    if check_gpus and not ctx.cpu and gpu_stages and not gpus_present():
+    if check_gpus and not ctx.cpu and gpu_stages and not nvidia_gpus_present():
         raise UserError(
             f"stage {gpu_stages[0]} needs an NVIDIA GPU (device: cuda) and none was found",
             field="device",

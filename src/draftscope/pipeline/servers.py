@@ -34,6 +34,8 @@ from draftscope.pipeline.base import Command
 
 HOST = "127.0.0.1"
 GRACE_SECONDS = 30.0
+# Answers worth another try (timeout, conflict, too early, rate limit); every 5xx and no answer at all too.
+RETRY_STATUSES = frozenset({408, 409, 425, 429})
 
 
 def load_commands(path: str | Path) -> list[Command]:
@@ -117,6 +119,11 @@ def request(method: str, url: str, body: Any = None, *, timeout: float = 30.0) -
     except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise HttpError(f"{method} {url}: {reason}") from None
+
+
+def retryable(status: int | None) -> bool:
+    """Whether a request that got `status` (None: no answer) may succeed when sent again."""
+    return status is None or status in RETRY_STATUSES or status >= 500
 
 
 def get_json(url: str, *, timeout: float = 30.0) -> Any:

@@ -62,7 +62,6 @@ CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATH = "/health"
 REQUEST_TIMEOUT_S = 600.0  # one greedy completion of max_new_tokens on a large target under load
 RETRY_DELAYS_S = (1.0, 2.0, 4.0)  # three retries, backing off
-RETRY_STATUSES = frozenset({408, 429})  # and every 5xx
 SMOKE_PROMPT = "Count from one to twenty, separated by commas."
 SMOKE_MAX_TOKENS = 32
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
@@ -438,12 +437,8 @@ def _chat_body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any
     }
 
 
-def _retryable(status: int | None) -> bool:
-    return status is None or status in RETRY_STATUSES or status >= 500
-
-
 def _post_with_retries(group: servers.ServerGroup, index: int, body: dict[str, Any], *, what: str) -> dict:
-    """POST a chat completion; retry 408/429/5xx/connection errors three times with backoff; a one-line
+    """POST a chat completion; retry what `servers.retryable` allows (408/409/425/429, 5xx, no answer) three times with backoff; a one-line
     UserError naming `what` and the instance when it still fails."""
     run = group.running[index]
     url = run.url + CHAT_PATH
@@ -467,7 +462,7 @@ def _post_with_retries(group: servers.ServerGroup, index: int, body: dict[str, A
                 reason = "HTTP 200 with a JSON body that is not an object"
                 break
             reason = f"HTTP {status}: {raw.decode('utf-8', 'replace')[:200]}"
-        if not _retryable(status):
+        if not servers.retryable(status):
             break
     code = run.process.poll()
     died = f"; {run.command.name} exited with code {code}" if code is not None else ""
