@@ -15,6 +15,7 @@ completion record. Heavy libraries are imported lazily inside the command that n
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -158,9 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C or the runtime's SIGTERM (servers.py): the servers are already stopped
+    except KeyboardInterrupt as exc:  # Ctrl-C, or the runtime's SIGTERM (servers.py): the servers are stopped
         print("interrupted; what was written is whole, and a rerun resumes", file=sys.stderr)
-        return 130
+        # End by the signal itself, so whoever waits on this process (the runtime's record) sees which one.
+        signum = signal.SIGTERM if str(exc) == f"signal {int(signal.SIGTERM)}" else signal.SIGINT
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return 128 + int(signum)  # not reached
 
 
 if __name__ == "__main__":
