@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from invoke import Collection, Exit, Program, task
@@ -76,10 +77,39 @@ def validate(c, run_dir):
     report = validate_run(run_dir)
     for verdict in report.verdicts:
         print(verdict.line())
+    line = _liveness_line(run_dir)
+    if line:
+        print(line)
     if not report.ok:
         failed = sum(not v.ok for v in report.verdicts)
         raise Exit(f"{run_dir}: {failed} of {len(report.verdicts)} file(s) failed validation", code=1)
     print(f"{run_dir}: all {len(report.verdicts)} file(s) valid")
+
+
+def _liveness_line(run_dir: str) -> str | None:
+    """A line about an unfinished run's supervisor, for `validate`: whether it lives, and how to finish its record."""
+    from draftscope.rundir import liveness
+
+    try:
+        state = liveness(Path(run_dir))
+    except (UserError, OSError):
+        return None  # no readable manifest: the verdicts say so
+    if state.state == "finished":
+        return None
+    hint = f"; `invoke recover {run_dir}` finishes its record" if state.state == "gone" else ""
+    return f"note: {state.describe()}{hint}"
+
+
+@task(help={"run_dir": "the run directory whose supervisor was killed", "force": "skip the safety checks"})
+@user_errors
+def recover(c, run_dir, force=False):
+    """Finish the record of a run whose supervisor was killed outright (SIGKILL, the OOM killer, a crash): stop
+    what its step left running, cut a torn last record, write the summary from the records kept and the status
+    `interrupted` with the reason. A live or finished run is refused."""
+    from draftscope.bench.recover import recover as finish_run
+
+    manifest = finish_run(Path(run_dir), force=force)
+    print(f"{run_dir}: {manifest['status']}: {manifest['reason']}")
 
 
 BACKEND_EXPERIMENTS = {"transformers": "transformers-baseline", "vllm": "vllm-int4-dflash2"}
@@ -265,7 +295,9 @@ def _namespace() -> Collection:
     from draftscope.cli_analysis import ANALYSIS_TASKS, ns_evidence
     from draftscope.cli_tiny import ns_tiny
 
-    root = Collection(plan, presets, benchmark, bench_overhead, validate, doctor, version, *ANALYSIS_TASKS)
+    root = Collection(
+        plan, presets, benchmark, bench_overhead, validate, recover, doctor, version, *ANALYSIS_TASKS
+    )
     root.add_collection(ns_evidence, name="evidence")
     root.add_collection(ns_tiny, name="tiny")
     from draftscope.cli_demo import DEMO_TASKS

@@ -137,3 +137,27 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def repair_tail(path: Path) -> int:
+    """Cut a torn last line (a kill mid-write) so the file ends with a complete record; returns bytes cut."""
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as handle:
+        data = handle.read()
+        end = data.rfind(b"\n") + 1
+        last_ok = end
+        if end < len(data):
+            try:
+                json.loads(data[end:])
+                handle.write(b"\n")  # a complete record that only lacks its newline
+                return 0
+            except ValueError:
+                pass
+        handle.truncate(last_ok)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return size - last_ok

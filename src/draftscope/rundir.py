@@ -7,13 +7,18 @@ Layout of a run directory:
     summary.json    written last; the run is `completed` only after every artifact validates
     logs/           captured output of each step
     inputs/         copies of the inputs (prompts), so a run can be reproduced from its directory alone
+    .supervisor     while the run is unfinished: the lock its supervisor holds (who, where, which step), so that a
+                    run whose supervisor was killed outright (SIGKILL, the OOM killer, a crash) can be told from a
+                    live one and finished by `invoke recover`; removed once the final status is written
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +36,7 @@ SUMMARY = "summary.json"
 # disk filled during the run still has room to record how the run ended.
 RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20
+SUPERVISOR = ".supervisor"
 
 # The schema of the frozen `config` inside a manifest, by run kind; checked at creation and by `validate`.
 CONFIG_SCHEMAS = {"benchmark": "experiment", "reproduce": "experiment"}
@@ -86,6 +92,7 @@ class RunDir:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.supervision: Supervision | None = None  # held by the process that created the run
 
     # -- creation ---------------------------------------------------------------------------------------
 
@@ -121,10 +128,17 @@ class RunDir:
                 value=str(path),
                 fix="choose a new --output path",
             ) from None
+        supervision: Supervision | None = None
         try:
-            return cls._populate(path, kind, config, described, argv, software, copy_inputs)
+            # Locked before the first manifest is written: an unfinished run always has had an owner.
+            supervision = Supervision.take(path)
+            run = cls._populate(path, kind, config, described, argv, software, copy_inputs)
+            run.supervision = supervision
+            return run
         except BaseException as exc:
             # This call created the folder, so it may remove it: a run that could not be set up leaves nothing.
+            if supervision is not None:
+                supervision.end()
             shutil.rmtree(path, ignore_errors=True)
             if isinstance(exc, OSError):
                 raise UserError(
@@ -230,6 +244,9 @@ class RunDir:
         if status in FINAL:
             manifest["finished_at"] = stamp
         self.write_manifest(manifest)
+        if status in FINAL and self.supervision is not None:
+            self.supervision.end()
+            self.supervision = None
         return manifest
 
     def note(self, text: str) -> None:
@@ -260,3 +277,139 @@ class RunDir:
                 f"the run cannot be marked completed: {report.first_failure()}", source=str(self.path)
             )
         return self.set_status("completed")
+
+
+# -- supervision ------------------------------------------------------------------------------------------
+
+
+class Supervision:
+    """The creating process's exclusive lock on `<run>/.supervisor` (flock: the kernel drops it when the process
+    dies, however it dies; over NFS it is a POSIX lock the server drops too). The file says who holds it and which
+    step runs, for `invoke recover` and for people. Where flock does not exist (Windows) nothing is locked and a
+    run's liveness reads as unknown."""
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path, self._fd = path, fd
+        self._info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "since": now()}
+
+    @classmethod
+    def take(cls, run: Path) -> Supervision:
+        path = Path(run) / SUPERVISOR
+        try:
+            import fcntl
+        except ImportError:
+            return cls(path, None)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else can hold it
+        supervision = cls(path, fd)
+        supervision._write()
+        return supervision
+
+    @classmethod
+    def adopt(cls, run: Path) -> Supervision:
+        """Take over the lock of a run whose supervisor is gone (`invoke recover`); refused while anyone holds it."""
+        path = Path(run) / SUPERVISOR
+        try:
+            import fcntl
+        except ImportError:
+            return cls(path, None)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserError(
+                f"the supervisor lock cannot be opened: {exc.strerror}", source=str(path)
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(
+                "another process holds the run's supervisor lock (its supervisor, or a second recover)",
+                source=str(path),
+                fix="let it finish; run `invoke validate` on the run afterwards",
+            ) from None
+        supervision = cls(path, fd)
+        try:  # keep what the dead supervisor wrote (a failed recovery leaves it for the next attempt)
+            supervision._info = {**json.loads(os.pread(fd, 1 << 16, 0) or b"{}"), "recovering": os.getpid()}
+        except ValueError:
+            supervision._info["recovering"] = os.getpid()
+        supervision._write()
+        return supervision
+
+    def step(self, name: str, **where: Any) -> None:
+        """Record the step that now runs and where it can be found (`pgid`, or `engine` and `container`)."""
+        self._info["step"] = {"name": name, **where}
+        self._write()
+
+    def _write(self) -> None:
+        if self._fd is None:
+            return
+        data = (json.dumps(self._info, sort_keys=True) + "\n").encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    def end(self) -> None:
+        """The final status is written: the file goes, then the lock."""
+        self.path.unlink(missing_ok=True)
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the lock, the file kept: the run stays unfinished, to be looked at again."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """`state`: `finished` (a final status), `live` (its supervisor holds the lock), `gone` (nobody holds it: the
+    supervisor died without recording an end) or `unknown` (no lock file: a run from a kit before this check, or a
+    platform without flock). `info`: what the lock file says (pid, host, since, step)."""
+
+    state: str
+    info: Mapping[str, Any]
+
+    def describe(self) -> str:
+        """A sentence about the run's supervisor."""
+        who = f"pid {self.info.get('pid')} on {self.info.get('host')}" if self.info.get("pid") else "unknown"
+        step = (self.info.get("step") or {}).get("name")
+        during = f" during step '{step}'" if step else ""
+        return {
+            "finished": "the run has finished",
+            "live": f"the run is being recovered by pid {self.info['recovering']}"
+            if self.info.get("recovering")
+            else f"the run is running, supervised by {who}{during}",
+            "gone": f"the run's supervisor ({who}) is gone without recording an end{during} — killed by SIGKILL, "
+            "the OOM killer or a crash",
+            "unknown": "the run is unfinished, and whether its supervisor lives cannot be told (no supervisor lock)",
+        }[self.state]
+
+
+def liveness(run: Path, status: str | None = None) -> Liveness:
+    """Whether an unfinished run still has a supervisor. Takes the lock for an instant when nobody holds it."""
+    run = Path(run)
+    if status is None:
+        status = read_json(run / MANIFEST).get("status")
+    if status in FINAL:
+        return Liveness("finished", {})
+    path = run / SUPERVISOR
+    try:
+        import fcntl
+    except ImportError:
+        return Liveness("unknown", {})
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return Liveness("unknown", {})
+    try:
+        try:
+            info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+        except ValueError:
+            info = {}
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return Liveness("live", info)
+        return Liveness("gone", info)
+    finally:
+        os.close(fd)  # drops the lock if this call took it

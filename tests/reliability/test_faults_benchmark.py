@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from draftscope.bench.recover import recover
 from draftscope.bench.worker import FAILPOINT
 from draftscope.jsonio import read_json
+from draftscope.rundir import SUPERVISOR, liveness
 from draftscope.validate import validate_run
 
 from faultlib import (
@@ -74,6 +76,8 @@ def draw_cases(seed: int) -> list[Case]:
         Case("supervisor", signal.SIGTERM, at_records=k()),
         Case("supervisor", signal.SIGINT, at_records=k()),
         Case("all", signal.SIGKILL, at_records=k()),
+        # The supervisor alone (the OOM killer's pick): its step must not run on unsupervised.
+        Case("supervisor", signal.SIGKILL, at_records=k()),
     ]
 
 
@@ -107,6 +111,7 @@ def inject(case: Case, run: Path) -> Observed:
             if case.target == "worker":
                 kill_group(worker, case.sig)  # type: ignore[arg-type]
             elif case.target == "supervisor":
+                # SIGKILL here signals nothing else: the step must end by itself (checked below).
                 proc.send_signal(case.sig)  # type: ignore[arg-type]
             else:  # everything at once: the host process and the step (an OOM kill, a lost node)
                 proc.kill()
@@ -130,7 +135,7 @@ def expected_status(case: Case) -> tuple[str, str | None]:
         return "failed", f"exited with code {case.code}"
     if case.target == "worker":
         return "failed", f"killed by {signal_name(case.sig)}"  # type: ignore[arg-type]
-    if case.target == "supervisor":
+    if case.target == "supervisor" and case.sig != signal.SIGKILL:
         return "interrupted", "SIGTERM" if case.sig == signal.SIGTERM else "Ctrl-C"
     return "running", None  # nothing is left to record an ending: the records are what survives
 
@@ -163,6 +168,15 @@ def test_benchmark_faults(tmp_path, figures, seed):
                     assert facts["partial"] is True and facts["records"] == len(obs.after)
                 else:
                     assert not summary.exists()
+                    # Told from a live run, then finished by `invoke recover` from what survived.
+                    assert liveness(obs.run).state == "gone", liveness(obs.run)
+                    manifest = recover(obs.run, say=lambda line: None)
+                    assert manifest["status"] == "interrupted", manifest
+                    assert "killed without recording an end" in manifest["reason"], manifest["reason"]
+                    facts = read_json(summary)
+                    assert facts["partial"] is True and facts["records"] == len(obs.after)
+                    assert validate_run(obs.run, final=True).ok
+                    assert not (obs.run / SUPERVISOR).exists()
                 assert not obs.worker_alive, "the worker outlived the fault"
         except AssertionError as exc:
             problems.append(f"{case.label()}: {exc}")

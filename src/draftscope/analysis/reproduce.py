@@ -28,20 +28,25 @@ IDENTITY = ("reference", "id", "repo_digests")
 
 def frozen_config(run: Run) -> ExperimentConfig:
     """The run's frozen config, re-validated, with its prompts pointing at the run's own hash-checked copy."""
-    manifest = run.manifest
-    if manifest["kind"] not in ("benchmark", "reproduce"):
+    if run.manifest["kind"] not in ("benchmark", "reproduce"):
         raise UserError(
-            f"a '{manifest['kind']}' run cannot be reproduced here",
+            f"a '{run.manifest['kind']}' run cannot be reproduced here",
             source=str(run.path),
             fix="reproduce a benchmark run",
         )
+    return config_of(run.path, run.manifest)
+
+
+def config_of(path: Path, manifest: Mapping[str, Any]) -> ExperimentConfig:
+    """A benchmark run's frozen config from its manifest, prompts read from the run's own hash-checked copy."""
+    path = Path(path)
     config = dict(manifest["config"])
-    schemas.check(config, "experiment", f"{run.path / 'manifest.json'} $.config")
+    schemas.check(config, "experiment", f"{path / 'manifest.json'} $.config")
     entries = [i for i in manifest["inputs"] if i["name"] == "prompts"]
     if not entries:
-        raise UserError("the manifest records no prompt file", source=str(run.path), field="inputs")
+        raise UserError("the manifest records no prompt file", source=str(path), field="inputs")
     entry = entries[0]
-    copy = run.path / "inputs" / Path(entry["path"]).name
+    copy = path / "inputs" / Path(entry["path"]).name
     if not copy.is_file():
         raise UserError(
             "the run has no copy of its prompt file",

@@ -14,6 +14,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,8 @@ def run_benchmark(
             inputs=[InputFile("prompts", Path(plan.prompts.path))],
             software={"host": versions()},
         )
-        ctx = context_for(output)
+        supervision = run.supervision
+        ctx = replace(context_for(output), on_start=supervision.step if supervision else None)
         steps: list[dict[str, Any]] = []  # each step's outcome, filled in as they end
         try:
             (run.path / RECORDS).touch()  # a run killed before its first record still has the file
@@ -139,7 +141,7 @@ def run_benchmark(
         except KeyboardInterrupt as exc:
             reason = interrupted_reason(exc).split(";")[0]
             outcome = Outcome("benchmark", "interrupted", None, 0.0, reason, None)
-    return _finish(run, plan, outcome, steps)
+    return finish(run, plan, outcome, steps)
 
 
 def _image_facts(plan: Plan, runtime: Runtime, ctx: Context) -> list[dict[str, Any]]:
@@ -161,6 +163,10 @@ def _run_steps(
     outcome: Outcome | None = None
     for step in plan.steps:
         watcher = _Progress(run.path / RECORDS, plan.prompts.count * plan.experiment.repeats, say)
+        argv = runtime.argv(step, ctx)  # exactly what runs (and what --dry-run prints)
+        # Recorded as running before it starts: a supervisor killed outright leaves the step named.
+        with contextlib.suppress(OSError):
+            run.update(steps=[*steps_state, {"name": step.name, "status": "running", "argv": argv}])
         if step.name == "benchmark":
             watcher.start()
         try:
@@ -173,10 +179,10 @@ def _run_steps(
                 "status": outcome.status,
                 "exit_code": outcome.exit_code,
                 "seconds": round(outcome.seconds, 3),
-                "argv": runtime.argv(step, ctx),  # exactly what ran (and what --dry-run prints)
+                "argv": argv,
             }
         )
-        with contextlib.suppress(OSError):  # a full disk: `_finish` records the steps once it has room
+        with contextlib.suppress(OSError):  # a full disk: `finish` records the steps once it has room
             run.update(steps=steps_state)
         if not outcome.ok:
             break
@@ -184,7 +190,7 @@ def _run_steps(
     return outcome
 
 
-def _finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any]]) -> dict[str, Any]:
+def finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Steps, summary and final status. The space reserved at creation is given back first, so that a disk filled
     during the run still has room for them; the disk being full is then named as the reason."""
     full = _disk_full(run.path)
@@ -192,8 +198,7 @@ def _finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any
     if full and not outcome.ok:
         outcome = _with_reason(outcome, f"{full}; {outcome.reason}")
     try:
-        if steps:
-            run.update(steps=steps)
+        run.update(steps=steps)  # also replaces a step recorded as running that never got to start
         return _summarize_and_close(run, plan, outcome)
     except (OSError, UserError) as exc:
         # The summary could not be written or the records could not be read: the run failed, and says why.

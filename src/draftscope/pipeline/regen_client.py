@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import threading
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.errors import UserError
-from draftscope.jsonio import JsonlAppender, atomic_write_json
+from draftscope.jsonio import JsonlAppender, atomic_write_json, repair_tail
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
@@ -124,30 +123,6 @@ def read_rows(path: Path, max_rows: int | None = None) -> list[Row]:
     if not rows:
         raise UserError("no chat rows", source=str(path))
     return rows
-
-
-def repair_tail(path: Path) -> int:
-    """Cut a torn last line (a kill mid-write) so the file ends with a complete record; returns bytes cut."""
-    if not path.is_file():
-        return 0
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with path.open("rb+") as handle:
-        data = handle.read()
-        end = data.rfind(b"\n") + 1
-        last_ok = end
-        if end < len(data):
-            try:
-                json.loads(data[end:])
-                handle.write(b"\n")  # a complete record that only lacks its newline
-                return 0
-            except ValueError:
-                pass
-        handle.truncate(last_ok)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return size - last_ok
 
 
 def ids_in(path: Path) -> Iterator[str]:

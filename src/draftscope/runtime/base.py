@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,6 +31,29 @@ ENV_ALLOW = (
 )
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that has Linux send the child SIGTERM when this process dies, however it dies (SIGKILL, the
+    OOM killer): a local step then stops instead of running on unsupervised, and a container engine's client
+    passes the signal to its container. None where the kernel has no such request (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    set_pdeathsig = 1  # PR_SET_PDEATHSIG
+
+    def arm() -> None:
+        prctl(set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def _host_user() -> tuple[int, int]:
     from draftscope.platforms import host_user
 
@@ -44,6 +69,13 @@ class Context:
     user: tuple[int, int] = field(default_factory=_host_user)  # Windows has no POSIX ids: the images' user
     grace_seconds: float = 5.0  # SIGTERM → SIGKILL on expiry
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # Told where each step's work can be found once it has started (`pgid`, or `engine` and `container`): the
+    # benchmark supervisor keeps it in its lock file for `invoke recover`.
+    on_start: Callable[..., None] | None = field(default=None, compare=False)
+
+    def started(self, step: str, **where: object) -> None:
+        if self.on_start is not None:
+            self.on_start(step, **where)
 
 
 @dataclass(frozen=True)

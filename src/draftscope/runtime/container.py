@@ -25,6 +25,7 @@ from draftscope.runtime.base import (
     Context,
     Outcome,
     container_name,
+    die_with_parent,
     log_path,
     outcome_from_exit,
     supervise,
@@ -97,7 +98,11 @@ class ContainerRuntime:
             with log.open("ab") as out:
                 try:
                     proc = subprocess.Popen(
-                        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                        argv,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        preexec_fn=die_with_parent(),
                     )
                 except FileNotFoundError:
                     raise UserError(
@@ -105,6 +110,7 @@ class ContainerRuntime:
                         field="--runtime",
                         fix="install it, or use --runtime local for a CPU run",
                     ) from None
+                ctx.started(step.name, engine=self.engine, container=name)
                 state, reason = supervise(
                     proc,
                     limit=step.time_limit_s,

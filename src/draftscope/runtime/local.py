@@ -15,7 +15,15 @@ import time
 from collections.abc import Callable
 
 from draftscope.plan import RUN_MOUNT, Step
-from draftscope.runtime.base import ENV_ALLOW, Context, Outcome, log_path, outcome_from_exit, supervise
+from draftscope.runtime.base import (
+    ENV_ALLOW,
+    Context,
+    Outcome,
+    die_with_parent,
+    log_path,
+    outcome_from_exit,
+    supervise,
+)
 
 
 def _mapper(step: Step, ctx: Context) -> Callable[[str], str]:
@@ -66,7 +74,9 @@ class LocalRuntime:
                 stdin=subprocess.DEVNULL,
                 env=self.env(step, ctx),
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
+            ctx.started(step.name, pgid=proc.pid)
 
             def stop() -> None:
                 _signal_group(proc, signal.SIGTERM)
