@@ -13,16 +13,19 @@ from draftscope.taskutil import user_errors
         "run": "the run directory to pack",
         "output": "the bundle to write, e.g. bundle.tar.gz (a new file: an existing one is refused)",
         "include_text": "also pack prompts, generated tokens, logs and captured head calls (left out by default)",
+        "keep_paths": "keep this host's absolute paths as recorded (by default: <run>/…, ~/…, …/NAME)",
     }
 )
 @user_errors
-def share(c, run, output=None, include_text=False):
-    """Pack a run: manifest, config, summary, records without prompt or generated text, hardware, SHA256SUMS."""
+def share(c, run, output=None, include_text=False, keep_paths=False):
+    """Pack a run: manifest, config, summary, records without prompt or generated text, hardware, SHA256SUMS.
+
+    The host's absolute paths are rewritten (<run>/…, ~/…, …/NAME) unless --keep-paths."""
     from draftscope.share import pack
 
     if not output:
         raise UserError("no bundle given", field="--output", fix="add --output NAME.tar.gz (a new file)")
-    print("\n".join(pack(run, output, include_text=include_text).lines()))
+    print("\n".join(pack(run, output, include_text=include_text, keep_paths=keep_paths).lines()))
 
 
 SHARE_TASKS = (share,)

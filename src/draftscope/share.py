@@ -10,12 +10,26 @@ list, not by deleting from a copy: under `<run_id>/` it holds
     records.jsonl   every record without its text: generated token ids (they decode to the generated text) and
                     any text field are removed; a torn last line is left out
     hardware.json   the run's hardware and the packing host's (`invoke doctor`, without paths)
-    SHARE.json      what was packed, what was removed or left out and why, the kit that packed it
+    SHARE.json      what was packed, what was removed, rewritten or left out and why, the kit that packed it
     SHA256SUMS      `sha256sum -c` format, for every file above
 
+Paths of the host are not shared either: they name the user and the directory layout, and nothing needs them
+(inputs are identified by their SHA-256, `invoke reproduce` works from the run directory). In every member above,
+each absolute path, whole string or inside one (`--flag=/p`, `KEY=/p`, `SRC:TARGET:ro`, a message), becomes
+
+    <run>/REST      inside the run directory (where it is now, and where its steps recorded it)
+    ~/REST          under the home directory of the user who packs
+    …/NAME          anywhere else: the file name is kept, its directories are dropped
+
+Kept as they are: the containers' own paths (the mount targets RUN_MOUNT, CACHE_MOUNT, MODELS_MOUNT, INPUTS_MOUNT,
+the image's scripts and the container HOME of `runtime.container`), a path of one component (`/tmp`), relative
+paths and URLs. A JSON member without a path to rewrite keeps its bytes; one with paths is written again as the
+kit writes JSON. SHARE.json's `paths` counts the rewrites per member; `--keep-paths` packs the paths verbatim.
+
 `--include-text` keeps the records whole and adds everything else of the run (prompt copies under inputs/, logs/,
-captured head calls). Archive members get fixed modes, owners and times, and gzip no timestamp: only the packing
-time and host in SHARE.json and hardware.json differ between two bundles of one run.
+captured head calls); those added files are packed byte for byte (a prompt copy keeps its hash), paths included.
+Archive members get fixed modes, owners and times, and gzip no timestamp: only the packing time and host in
+SHARE.json and hardware.json differ between two bundles of one run packed by one user.
 """
 
 from __future__ import annotations
@@ -26,6 +40,8 @@ import io
 import json
 import os
 import platform
+import posixpath
+import re
 import sys
 import tarfile
 from collections.abc import Callable, Mapping
@@ -35,8 +51,11 @@ from typing import Any
 
 from draftscope import __version__
 from draftscope.errors import UserError
+from draftscope.pipeline.base import INPUTS_MOUNT, MODELS_MOUNT, SPECULATORS_SCRIPTS
+from draftscope.plan import CACHE_MOUNT, RUN_MOUNT
 from draftscope.provenance import now
-from draftscope.rundir import RESERVE
+from draftscope.rundir import RESERVE, SUPERVISOR
+from draftscope.runtime.container import HOME_ENV
 
 # Record fields that hold text or token ids, wherever they appear in a record (`extra` included). Token ids are
 # text: anyone with the tokenizer decodes them.
@@ -62,8 +81,156 @@ TEXT_FIELDS = frozenset(
 AS_IS = ("manifest.json", "summary.json", "worker.json")
 RECORDS = "records.jsonl"
 # Internal bookkeeping of a run directory (space set aside for the final status): never packed nor listed.
-SKIP = (RESERVE,)
+SKIP = (RESERVE, SUPERVISOR)  # the disk reserve; an unfinished run's lock (pid, host)
 ARCHIVE_MODE = 0o644
+
+# Paths: what a rewritten host path becomes (module docstring).
+RUN_MARK = "<run>"
+HOME_MARK = "~"
+ELIDED = "…"
+# The containers' side of every mount, the image's own paths and the container HOME: no host's directories.
+CONTAINER_PATHS = (RUN_MOUNT, CACHE_MOUNT, MODELS_MOUNT, INPUTS_MOUNT, SPECULATORS_SCRIPTS, HOME_ENV["HOME"])
+# Manifest fields whose lists are argv: each element is one word, so a path in it may hold spaces.
+ARGV_KEYS = frozenset({"command_line", "argv", "command"})
+# Where a path inside a string ends; before it, only a separator (so `tok/s`, `a/b`, `~/x`, `<run>/x`, `…/x` and
+# the `//` of a URL are not paths).
+_END = r"\s:;,=\"'`()\[\]{}<>|"
+_BEFORE = r"(?<![\w.~/\\<>…-])"
+_FLAG = re.compile(r"(-{1,2}[\w.-]+=|[A-Za-z_]\w*=)(.*)", re.DOTALL)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _container(path: str) -> bool:
+    return any(_under(path, c) for c in CONTAINER_PATHS)
+
+
+class HostPaths:
+    """Rewrites the absolute paths of the packing host in JSON values (module docstring); counts what it changed.
+
+    `runs`: the run directory's host paths (where it is now, where its steps recorded it); `home`: the home
+    directory of the user who packs. Both are compared after `posixpath.normpath`, the longest first."""
+
+    def __init__(self, runs: list[str], home: str | None) -> None:
+        roots: dict[str, str] = {}
+        for run in runs:
+            if run.startswith("/"):
+                roots.setdefault(posixpath.normpath(run), RUN_MARK)
+        if home and home.startswith("/"):
+            for h in (home, os.path.realpath(home)):
+                roots.setdefault(posixpath.normpath(h), HOME_MARK)
+        self.roots = sorted(
+            ((root, mark) for root, mark in roots.items() if root.strip("/") and not _container(root)),
+            key=lambda item: (-len(item[0]), item[1] != RUN_MARK),
+        )
+        known = "|".join(re.escape(root) for root, _ in self.roots)
+        # A known root may hold spaces (`/Users/Ann Lee`); any other path ends at a space.
+        generic = rf"/(?![/\s])[^{_END}]*"
+        pattern = (
+            rf"{_BEFORE}(?:(?:{known})(?![^{_END}/])[^{_END}]*|{generic})" if known else _BEFORE + generic
+        )
+        self._in_text = re.compile(pattern)
+        self.count = 0
+
+    @classmethod
+    def for_run(cls, run: Path, manifest: Mapping[str, Any], home: str | None = None) -> HostPaths:
+        runs = [os.path.abspath(run), os.path.realpath(run), *_recorded_run_dirs(manifest)]
+        return cls(runs, os.path.expanduser("~") if home is None else home)
+
+    def path(self, value: str) -> str:
+        """One absolute path, rewritten."""
+        norm = posixpath.normpath(value)
+        if _container(norm):
+            return value
+        for root, mark in self.roots:
+            if _under(norm, root):
+                out = mark + norm[len(root) :]
+                break
+        else:
+            out = value if norm.count("/") <= 1 else f"{ELIDED}/{norm.rsplit('/', 1)[-1]}"
+        self.count += out != value
+        return out
+
+    def text(self, value: str) -> str:
+        """Every absolute path inside a string (a message, a volume spec, `--flag=/p`), rewritten."""
+        return self._in_text.sub(lambda m: self.path(m.group()), value)
+
+    def word(self, value: str, argv: bool = False) -> str:
+        """A string that may be a path as a whole: an argv word holds one path, spaces and all."""
+        if "/" not in value:
+            return value
+        if value.startswith("/") and not value.startswith("//") and "\n" not in value:
+            if argv and ":" in value and "://" not in value:  # SRC:TARGET[:MODE], one word
+                return ":".join(self.word(part, argv) for part in value.split(":"))
+            if ":" not in value and (argv or not any(c.isspace() for c in value)):
+                return self.path(value)
+        flag = _FLAG.fullmatch(value)
+        if flag:
+            return flag.group(1) + self.word(flag.group(2), argv)
+        return self.text(value)
+
+    def json(self, value: Any, skip: frozenset[str] = frozenset(), argv: bool = False) -> Any:
+        """A JSON value with its paths rewritten; the values of `skip` keys (user text) are left alone."""
+        if isinstance(value, str):
+            return self.word(value, argv)
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                new_key = self.word(key) if isinstance(key, str) else key
+                out[new_key] = item if key in skip else self.json(item, skip, key in ARGV_KEYS)
+            return out
+        if isinstance(value, list):
+            return [self.json(v, skip, argv) for v in value]
+        return value
+
+    def member(self, data: bytes) -> tuple[bytes, int]:
+        """A JSON file's bytes with paths rewritten, and how many: unchanged bytes when there is none."""
+        before = self.count
+        try:
+            obj = json.loads(data)
+        except ValueError:  # a damaged file: its paths are rewritten in the text
+            out = self.text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+        else:
+            out = _dumps(self.json(obj))
+        changed = self.count - before
+        return (out if changed else data), changed
+
+
+def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
+    """Where the run directory was when it ran (it may have moved since): the host side of its mount, the
+    `--run-dir` of a local step, and an `--output` of the command line that names the run."""
+    found: list[str] = []
+    mount = re.compile(rf"(/.+):{re.escape(RUN_MOUNT)}(?::\w+)?")
+
+    def scan(argv: Any, flag: str, name: str | None) -> None:
+        if not isinstance(argv, list):
+            return
+        for i, word in enumerate(argv):
+            if not isinstance(word, str):
+                continue
+            value = None
+            if word == flag and i + 1 < len(argv) and isinstance(argv[i + 1], str):
+                value = argv[i + 1]
+            elif word.startswith(flag + "="):
+                value = word.split("=", 1)[1]
+            elif (m := mount.fullmatch(word)) is not None:
+                value = m.group(1)
+            if (
+                value
+                and value.startswith("/")
+                and (name is None or posixpath.basename(value.rstrip("/")) == name)
+            ):
+                found.append(value)
+
+    for step in manifest.get("steps") or []:
+        if isinstance(step, Mapping):
+            scan(step.get("argv"), "--run-dir", None)
+    run_id = manifest.get("run_id")
+    if isinstance(run_id, str) and run_id:
+        scan(manifest.get("command_line"), "--output", run_id)
+    return found
 
 
 @dataclass
@@ -77,6 +244,7 @@ class Bundle:
     left_out: list[str]
     torn_lines: int = 0
     include_text: bool = False
+    paths: dict[str, int] | None = None  # member → host paths rewritten; None: kept (--keep-paths)
 
     def lines(self) -> list[str]:
         out = [f"{self.output}: {len(self.files)} files ({', '.join(self.files)})"]
@@ -89,6 +257,13 @@ class Bundle:
                 out.append(f"left out: {', '.join(self.left_out)} (--include-text packs them)")
         if self.torn_lines:
             out.append(f"records: {self.torn_lines} incomplete line(s) left out")
+        if self.paths is None:
+            out.append("paths kept as recorded (--keep-paths): they name this host's directories")
+        elif self.paths:
+            where = ", ".join(f"{name} {n}" for name, n in self.paths.items())
+            out.append(
+                f"paths: {sum(self.paths.values())} of this host rewritten ({where}); --keep-paths keeps them"
+            )
         return out
 
 
@@ -112,8 +287,11 @@ def redact(record: Any) -> tuple[Any, set[str]]:
     return walk(record), removed
 
 
-def _records(path: Path, include_text: bool) -> tuple[bytes, int, set[str], int]:
-    """(records.jsonl bytes, records kept, fields removed, torn or invalid lines left out)."""
+def _records(
+    path: Path, include_text: bool, paths: HostPaths | None = None
+) -> tuple[bytes, int, set[str], int]:
+    """(records.jsonl bytes, records kept, fields removed, torn or invalid lines left out); `paths` rewrites
+    the host's paths outside the text fields (the text itself is never edited)."""
     out, removed, kept, torn = [], set(), 0, 0
     with path.open("rb") as fh:
         for raw in fh:
@@ -127,6 +305,8 @@ def _records(path: Path, include_text: bool) -> tuple[bytes, int, set[str], int]
             if not include_text:
                 record, names = redact(record)
                 removed |= names
+            if paths is not None and b"/" in raw:  # a record without a slash holds no path
+                record = paths.json(record, skip=TEXT_FIELDS)
             out.append(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
             kept += 1
     return "".join(out).encode("utf-8"), kept, removed, torn
@@ -211,38 +391,56 @@ def pack(
     output: Path | str,
     *,
     include_text: bool = False,
+    keep_paths: bool = False,
     collect: Callable[[], dict[str, Any]] | None = None,
+    home: str | None = None,
 ) -> Bundle:
-    """Write the bundle of `run` to `output` (a new file); nothing in the run directory changes."""
+    """Write the bundle of `run` to `output` (a new file); nothing in the run directory changes. The host's paths
+    are rewritten unless `keep_paths` (module docstring); `home` defaults to the packing user's."""
     run, output = Path(run), Path(output)
     if not run.is_dir():
         raise UserError("no such run directory", source=str(run), fix="give the path of a run directory")
     manifest = _read_manifest(run)
     _check_output(run, output)
+    paths = None if keep_paths else HostPaths.for_run(run, manifest, home)
+    rewritten: dict[str, int] = {}
+
+    def json_member(name: str, data: bytes) -> bytes:
+        if paths is None:
+            return data
+        data, rewritten[name] = paths.member(data)
+        return data
 
     members: dict[str, bytes] = {}
     for name in AS_IS:
         if (run / name).is_file():
-            members[name] = (run / name).read_bytes()
-    members["config.json"] = _dumps(manifest.get("config"))
+            members[name] = json_member(name, (run / name).read_bytes())
+    members["config.json"] = json_member("config.json", _dumps(manifest.get("config")))
     kept = torn = 0
     removed: set[str] = set()
     if (run / RECORDS).is_file():
-        members[RECORDS], kept, removed, torn = _records(run / RECORDS, include_text)
+        before = paths.count if paths else 0
+        members[RECORDS], kept, removed, torn = _records(run / RECORDS, include_text, paths)
+        if paths is not None:
+            rewritten[RECORDS] = paths.count - before
     others = _other_files(run, set(AS_IS) | {RECORDS})
     if include_text:
         for rel in others:
             members[rel] = (run / rel).read_bytes()
     left_out = [] if include_text else others
     worker = _json_or_none(members.get("worker.json"))
-    members["hardware.json"] = _dumps(
-        {
-            "run": manifest.get("hardware"),
-            "worker": (worker or {}).get("hardware"),
-            "packing_host": host_report(collect),
-        }
+    members["hardware.json"] = json_member(
+        "hardware.json",
+        _dumps(
+            {
+                "run": manifest.get("hardware"),
+                "worker": (worker or {}).get("hardware"),
+                "packing_host": host_report(collect),
+            }
+        ),
     )
-    bundle = Bundle(output, [], kept, sorted(removed), left_out, torn, include_text)
+    counts = None if paths is None else {name: n for name, n in sorted(rewritten.items()) if n}
+    bundle = Bundle(output, [], kept, sorted(removed), left_out, torn, include_text, counts)
     members["SHARE.json"] = _dumps(
         {
             "schema_version": 1,
@@ -253,6 +451,18 @@ def pack(
             "include_text": include_text,
             "records": {"kept": kept, "fields_removed": sorted(removed), "incomplete_lines_left_out": torn},
             "left_out": left_out,
+            "paths": {
+                "kept": paths is None,
+                "rewritten": sum((counts or {}).values()),
+                "members": counts or {},
+                "rule": (
+                    "kept as recorded (--keep-paths)"
+                    if paths is None
+                    else f"absolute host paths: {RUN_MARK}/… inside the run directory, {HOME_MARK}/… under the"
+                    f" home directory, {ELIDED}/NAME elsewhere; container paths, relative paths and the files"
+                    " added by --include-text are as recorded"
+                ),
+            },
             "note": (
                 "text included: prompts and generated tokens are in this bundle"
                 if include_text

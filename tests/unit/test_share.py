@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import sys
 import tarfile
 
 import pytest
 
+from draftscope import schema
 from draftscope.errors import UserError
-from draftscope.share import TEXT_FIELDS, pack, redact
+from draftscope.plan import CACHE_MOUNT, RUN_MOUNT
+from draftscope.share import TEXT_FIELDS, HostPaths, pack, redact
+from draftscope.validate import validate_run
 
 from support import run_invoke, tiny_benchmark
 
@@ -56,6 +61,52 @@ def make_run(folder, *, torn=False):
         lines += '{"prompt_id": "p1", "generated_text": "' + GENERATED[:9]  # a killed writer's last line
     (run / "records.jsonl").write_text(lines)
     return run
+
+
+USER = "zelda-quill"  # the user name segment of the planted paths
+CLUSTER = "/srv/cluster-7/groups"  # a path outside both the run and the home directory
+MOVED = "/nfs/old-host/scratch"  # where the run directory was when it ran (it was moved since)
+
+
+def make_pathy_run(tmp_path, monkeypatch):
+    """A run whose manifest, worker facts, summary and records hold paths of the host, as real runs do: under the
+    run directory (where it is now, and where it was when it ran), under a home directory, elsewhere, in argv words
+    (`--flag=/path`, `SRC:TARGET:MODE`, `KEY=/path`), in messages; next to the containers' own paths."""
+    home = tmp_path / "home" / USER
+    home.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    run = make_run(tmp_path / "lab")
+    manifest = json.loads((run / "manifest.json").read_text())
+    prompts = f"{home}/data/my prompts.json"  # a space in an argv word
+    manifest |= {
+        "command_line": ["invoke", "benchmark", "--prompts", prompts, f"--output={run}", "--cache",
+                         f"{CLUSTER}/{USER}/hf", "--draft", "tiny"],
+        "config": {**manifest["config"], "prompts": prompts},
+        "inputs": [{"name": "prompts", "path": prompts, "sha256": "ab" * 32, "bytes": 10},
+                   {"name": "extra", "path": f"{MOVED}/{USER}/R1/inputs/extra.json", "sha256": "cd" * 32,
+                    "bytes": 3}],
+        "reason": f"could not read {CLUSTER}/{USER}/shared.json: permission denied",
+        "notes": [f"log at {run}/logs/benchmark.log", "decode tok/s stays within 2%", "see https://example.org/a/b"],
+        "steps": [
+            {"name": "benchmark", "log": f"{run}/logs/benchmark.log", "argv": [
+                "docker", "run", "--volume", f"{MOVED}/{USER}/R1:{RUN_MOUNT}:rw",
+                "--volume", f"{home}/.cache/huggingface/hub:{CACHE_MOUNT}:ro", "--env", f"HF_HUB_CACHE={CACHE_MOUNT}",
+                "--env", "HOME=/tmp/home", "--workdir", "/tmp", "localhost/draftscope-transformers:0.1.0",
+                "python", "-m", "draftscope", "worker", "benchmark", "--run-dir", RUN_MOUNT]},
+            {"name": "local", "argv": [f"{home}/venvs/ds/bin/python3", "-m", "draftscope", "worker", "benchmark",
+                                       f"--run-dir={run}", f"--cache={CLUSTER}/{USER}/hf/hub"]},
+        ],
+    }  # fmt: skip
+    (run / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    worker = {"hardware": {"torch_threads": 2}, "phase": "done", "cache": f"{home}/.cache/torch/kernels"}
+    (run / "worker.json").write_text(json.dumps(worker))
+    summary = {"run_id": "R1", "records": 2, "source": f"{run}/records.jsonl"}
+    (run / "summary.json").write_text(json.dumps(summary))
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    for record in records:
+        record["extra"]["kernel_cache"] = f"{CLUSTER}/{USER}/triton/{record['repeat']}"
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run, home
 
 
 def snapshot(folder):
@@ -199,9 +250,161 @@ def test_tiny_run_bundle_holds_no_prompt_or_generated_text(tmp_path):
         for i in range(0, max(1, len(ids) - 6)):
             assert ", ".join(map(str, ids[i : i + 6])) not in blob
     assert b"generated_token_ids" not in files["run/records.jsonl"]
+    # No path of this host either: the run's folder, the prompt file's and the interpreter's are rewritten.
+    from support import ROOT
+
+    recorded = (run / "manifest.json").read_text()
+    assert str(tmp_path) in recorded and sys.executable in recorded
+    for prefix in (str(tmp_path), str(ROOT), os.path.dirname(sys.executable)):
+        assert prefix not in blob, prefix
+    manifest = json.loads(checked(files, "run")["run/manifest.json"])
+    assert manifest["inputs"][0]["path"] == "…/prompts.json" and "--run-dir" in manifest["steps"][0]["argv"]
+    assert manifest["steps"][0]["argv"][-2:] == ["--run-dir", "<run>"]
+    assert schema.problems(manifest, "run-manifest") == []
     # The same search finds the text when it is asked for.
     done = run_invoke(
         "share", str(run), "--output", str(tmp_path / "t.tar.gz"), "--include-text", timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert CANARY in b"\n".join(members(tmp_path / "t.tar.gz").values()).decode("utf-8")
+    # Unpacked, the whole bundle is a valid run directory: the prompt copy still has the manifest's hash.
+    with tarfile.open(tmp_path / "t.tar.gz") as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    report = validate_run(tmp_path / "unpacked" / "run")
+    assert report.ok, [v.line() for v in report.verdicts]
+
+
+# --- host paths -------------------------------------------------------------------------------------------------
+
+
+def checked(files, top="R1"):
+    """The bundle's members after checking them against its SHA256SUMS."""
+    sums = dict(reversed(line.split("  ")) for line in files[f"{top}/SHA256SUMS"].decode().splitlines())
+    assert set(sums) == {n.removeprefix(f"{top}/") for n in files} - {"SHA256SUMS"}
+    for name, digest in sums.items():
+        assert hashlib.sha256(files[f"{top}/{name}"]).hexdigest() == digest, name
+    return files
+
+
+def test_bundle_holds_no_path_of_the_host(tmp_path, monkeypatch):
+    run, home = make_pathy_run(tmp_path, monkeypatch)
+    before = snapshot(run)
+    bundle = pack(run, tmp_path / "b.tar.gz", collect=host)
+    assert snapshot(run) == before
+    files = checked(members(tmp_path / "b.tar.gz"))
+    blob = b"\n".join(files.values()).decode()
+    for needle in (str(tmp_path), str(home), f"/{USER}", USER, CLUSTER, "/srv/", MOVED, "/nfs/", "/lab/"):
+        assert needle not in blob, needle
+
+    manifest = json.loads(files["R1/manifest.json"])
+    assert manifest["command_line"] == ["invoke", "benchmark", "--prompts", "~/data/my prompts.json",
+                                        "--output=<run>", "--cache", "…/hf", "--draft", "tiny"]  # fmt: skip
+    assert [i["path"] for i in manifest["inputs"]] == ["~/data/my prompts.json", "<run>/inputs/extra.json"]
+    assert [i["sha256"] for i in manifest["inputs"]] == ["ab" * 32, "cd" * 32]
+    assert (
+        manifest["config"]["prompts"]
+        == json.loads(files["R1/config.json"])["prompts"]
+        == "~/data/my prompts.json"
+    )
+    assert manifest["reason"] == "could not read …/shared.json: permission denied"
+    assert manifest["notes"] == ["log at <run>/logs/benchmark.log", "decode tok/s stays within 2%",
+                                 "see https://example.org/a/b"]  # fmt: skip
+    docker, local = manifest["steps"]
+    assert docker["log"] == "<run>/logs/benchmark.log"
+    # The containers' side is no host's: mount targets, container HOME, workdir and in-container argv are kept.
+    assert docker["argv"] == [
+        "docker", "run", "--volume", f"<run>:{RUN_MOUNT}:rw", "--volume", f"~/.cache/huggingface/hub:{CACHE_MOUNT}:ro",
+        "--env", f"HF_HUB_CACHE={CACHE_MOUNT}", "--env", "HOME=/tmp/home", "--workdir", "/tmp",
+        "localhost/draftscope-transformers:0.1.0", "python", "-m", "draftscope", "worker", "benchmark", "--run-dir",
+        RUN_MOUNT,
+    ]  # fmt: skip
+    assert local["argv"] == ["~/venvs/ds/bin/python3", "-m", "draftscope", "worker", "benchmark", "--run-dir=<run>",
+                             "--cache=…/hub"]  # fmt: skip
+    assert json.loads(files["R1/worker.json"])["cache"] == "~/.cache/torch/kernels"
+    assert json.loads(files["R1/summary.json"])["source"] == "<run>/records.jsonl"
+    records = [json.loads(line) for line in files["R1/records.jsonl"].splitlines()]
+    assert [r["extra"]["kernel_cache"] for r in records] == ["…/0", "…/1"]
+    assert b"generated_token_ids" not in files["R1/records.jsonl"]
+
+    paths = json.loads(files["R1/SHARE.json"])["paths"]
+    expected = {
+        "config.json": 1,
+        "manifest.json": 14,
+        "records.jsonl": 2,
+        "summary.json": 1,
+        "worker.json": 1,
+    }
+    assert paths["kept"] is False and paths["members"] == expected and paths["rewritten"] == 19
+    assert bundle.paths == expected and any("19 of this host rewritten" in line for line in bundle.lines())
+
+
+def test_keep_paths_packs_them_verbatim(tmp_path, monkeypatch):
+    run, home = make_pathy_run(tmp_path, monkeypatch)
+    bundle = pack(run, tmp_path / "b.tar.gz", keep_paths=True, collect=host)
+    files = checked(members(tmp_path / "b.tar.gz"))
+    for name in ("manifest.json", "summary.json", "worker.json"):
+        assert files[f"R1/{name}"] == (run / name).read_bytes()
+    blob = b"\n".join(files.values()).decode()
+    assert str(home) in blob and f"{CLUSTER}/{USER}" in blob and str(run) in blob
+    assert json.loads(files["R1/SHARE.json"])["paths"]["kept"] is True and bundle.paths is None
+    assert any("--keep-paths" in line for line in bundle.lines())
+
+
+def test_members_without_paths_keep_their_bytes_and_bundles_repeat(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run = make_run(tmp_path)
+    first, second = (members(pack(run, tmp_path / n, collect=host).output) for n in ("a.tar.gz", "b.tar.gz"))
+    for name in ("manifest.json", "summary.json", "worker.json"):
+        assert first[f"R1/{name}"] == (run / name).read_bytes()
+    assert json.loads(first["R1/SHARE.json"])["paths"] | {"rule": None} == {
+        "kept": False, "rewritten": 0, "members": {}, "rule": None}  # fmt: skip
+    run2, _ = make_pathy_run(tmp_path / "again", monkeypatch)
+    first, second = (members(pack(run2, tmp_path / n, collect=host).output) for n in ("c.tar.gz", "d.tar.gz"))
+    assert {n: v for n, v in first.items() if "SHA" not in n} == {
+        n: v for n, v in second.items() if "SHA" not in n
+    }
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("/data/runs/exp 1/R7/inputs/p.json", "<run>/inputs/p.json"),  # the run directory, spaces and all
+        ("/data/runs/exp 1/R7", "<run>"),
+        ("/Users/Ann Lee/.cache/hf", "~/.cache/hf"),
+        (
+            "cannot open /Users/Ann Lee/x.json (denied); /opt/site/y.bin too",
+            "cannot open ~/x.json (denied); …/y.bin too",
+        ),
+        ("--prompts=/mnt/share/team/prompts.jsonl", "--prompts=…/prompts.jsonl"),
+        ("PATH=/usr/local/bin:/Users/Ann Lee/bin", "PATH=…/bin:~/bin"),
+        ("/mnt/a/b/../c/", "…/c"),
+        (f"/mnt/x/cache:{CACHE_MOUNT}:ro", f"…/cache:{CACHE_MOUNT}:ro"),
+        (f"{RUN_MOUNT}/inputs/prompts.json", f"{RUN_MOUNT}/inputs/prompts.json"),
+        ("/draftscope/models/target", "/draftscope/models/target"),
+        ("/tmp/home/.cache/vllm", "/tmp/home/.cache/vllm"),
+        ("/tmp", "/tmp"),
+        ("/", "/"),
+        ("decode tok/s and/or 3/4 of it", "decode tok/s and/or 3/4 of it"),
+        ("https://huggingface.co/org/model/tree/main", "https://huggingface.co/org/model/tree/main"),
+        ("runs/my-run", "runs/my-run"),
+        ("~/x/y", "~/x/y"),
+        ("<run>/inputs/p.json", "<run>/inputs/p.json"),
+        ("…/p.json", "…/p.json"),
+    ],
+)
+def test_path_rewriting(value, expected):
+    paths = HostPaths(["/data/runs/exp 1/R7"], "/Users/Ann Lee")
+    assert paths.json({"argv": [value], "field": value}) == {"argv": [expected], "field": expected}
+    assert paths.json(expected) == expected, "rewriting is idempotent"
+
+
+def test_cli_keep_paths(tmp_path, monkeypatch):
+    run, home = make_pathy_run(tmp_path, monkeypatch)
+    from support import ROOT
+
+    for args, bundle in (([], "b.tar.gz"), (["--keep-paths"], "k.tar.gz")):
+        done = run_invoke("--search-root", str(ROOT), "share", str(run), "--output", bundle, *args, cwd=tmp_path,
+                          env={"HOME": str(home)})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert str(home) not in members(tmp_path / "b.tar.gz")["R1/manifest.json"].decode()
+    assert str(home) in members(tmp_path / "k.tar.gz")["R1/manifest.json"].decode()
