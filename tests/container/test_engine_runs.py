@@ -134,3 +134,39 @@ def test_an_engine_refusal_is_a_failure_not_a_success(kit_image, tmp_path):
     m = manifest(run)
     assert m["status"] == "failed" and m["reason"], m
     assert leftovers(run) == ""
+
+
+def test_a_supervisor_killed_outright_leaves_nothing_running_and_recover_finishes_it(kit_image, tmp_path):
+    """SIGKILL to the supervisor alone (the OOM killer's choice): the engine's client gets SIGTERM from the kernel
+    (PR_SET_PDEATHSIG) and passes it on, so the container stops; `invoke recover` removes it and finishes the run."""
+    run = tmp_path / "R6"
+    argv = [sys.executable, "-m", "invoke", *TINY, "--output", str(run), "--fixed-tokens", "100000"]
+    env = {**os.environ, "HOME": "/tmp"}
+    supervisor = subprocess.Popen(
+        [*argv, "--max-seconds", "300", "--opts", "warmups=0"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while "running" not in docker("ps", "--filter", f"label=draftscope.run={run.name}", "--format",
+                                      "{{.State}}").stdout:  # fmt: skip
+            assert supervisor.poll() is None and time.monotonic() < deadline, "the container never started"
+            time.sleep(0.5)
+        time.sleep(3)  # the worker is loading or generating
+        supervisor.kill()
+        supervisor.wait()
+        deadline = time.monotonic() + 60
+        while docker("ps", "--quiet", "--filter", f"label=draftscope.run={run.name}").stdout.strip():
+            assert time.monotonic() < deadline, "the container kept running after its supervisor was killed"
+            time.sleep(0.5)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    assert manifest(run)["status"] == "running"
+    checked = invoke("validate", str(run))
+    assert "is gone without recording an end" in checked.stdout, checked.stdout
+    recovered = invoke("recover", str(run))
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    m = manifest(run)
+    assert m["status"] == "interrupted" and "killed without recording an end" in m["reason"], m["reason"]
+    assert leftovers(run) == ""
+    assert invoke("validate", str(run)).returncode == 0
