@@ -246,3 +246,13 @@ def _running(pid: int) -> bool:
 
 def _config() -> dict:
     return {"schema_version": 1, "name": "t", "backend": "transformers", "model_preset": "tiny"}
+
+
+def test_analysis_says_a_killed_runs_supervisor_is_gone(tmp_path):
+    from draftscope.analysis.load import load_run
+
+    run = killed_run(tmp_path)
+    (note,) = [n for n in load_run(run).notes if "supervisor" in n]
+    assert "is gone without recording an end" in note and f"invoke recover {run}" in note
+    recover(run, say=lambda line: None)
+    assert not [n for n in load_run(run).notes if "supervisor" in n]

@@ -21,7 +21,7 @@ from draftscope.config import build
 from draftscope.errors import UserError
 from draftscope.jsonio import read_json, sha256_file
 from draftscope.presets import ExperimentConfig, load_model_preset, resolve_draft, resolve_target
-from draftscope.rundir import MANIFEST, RECORDS, SUMMARY
+from draftscope.rundir import FINAL, MANIFEST, RECORDS, SUMMARY, liveness
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,12 @@ def load_run(path: Path | str) -> Run:
         )
         if not (path / SUMMARY).is_file():
             notes.append("no summary.json (the run did not finish); figures computed from its records")
+    if manifest["status"] not in FINAL:
+        state = liveness(path, manifest["status"])
+        if state.state == "gone":
+            notes.append(f"{state.describe()}; `invoke recover {path}` finishes its record")
+        elif state.state == "live":
+            notes.append(f"{state.describe()}: its figures are still growing")
     return Run(path, manifest, records, summary, notes)
 
 
