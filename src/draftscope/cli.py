@@ -143,6 +143,12 @@ BACKEND_EXPERIMENTS = {"transformers": "transformers-baseline", "vllm": "vllm-in
         "head": "Transformers + draft: the target head, dense (default), rowwise or prefix (certified, exact)",
         "head_shadow": "with --head: also run the dense head every step and count disagreements (must be 0)",
         "capture_head": "record the first N verification calls for invoke head-study",
+        "executor": "local (default): run the supervisor here; slurm: submit it as one Slurm batch job (sbatch) "
+        "that runs the same supervisor on a compute node, and follow it (Ctrl-C cancels it); the run directory "
+        "must be on storage the nodes share",
+        "partition": "slurm: the partition",
+        "account": "slurm: the account to charge",
+        "qos": "slurm: the quality of service",
     },
 )
 @user_errors
@@ -173,14 +179,23 @@ def benchmark(
     head=None,
     head_shadow=False,
     capture_head=None,
+    executor="local",
+    partition=None,
+    account=None,
+    qos=None,
 ):
-    """Run a bounded, auditable greedy benchmark in its image (or locally) into a new run directory."""
+    """Run a bounded, auditable greedy benchmark in its image (or locally) into a new run directory; with
+    --executor slurm, as a Slurm job."""
     from pathlib import Path
 
     from draftscope.bench import supervisor
     from draftscope.plan import plan_benchmark
     from draftscope.presets import load_experiment
     from draftscope.runtime import get_runtime
+    from draftscope.slurm.options import check_names, executor_flags
+
+    slurm = executor_flags(executor, partition=partition, account=account, qos=qos)
+    check_names(slurm)
 
     name = experiment or BACKEND_EXPERIMENTS.get(backend)
     if name is None:
@@ -212,13 +227,24 @@ def benchmark(
     config = load_experiment(name, overrides, opts or ())
     if dry_run:
         target = Path(output or f"runs/{config.name}-<timestamp>")
+        if executor == "slurm":
+            from draftscope.slurm import benchmark as slurm_benchmark
+
+            job = slurm_benchmark.build(config, target, flags=slurm, python=sys.executable)
+            print("\n".join(slurm_benchmark.dry_run_lines(job)))
+            return
         plan = plan_benchmark(config, str(target))
         print("\n".join(supervisor.dry_run_lines(plan, get_runtime(config.runtime), target)))
         return
     if output is None:
         raise UserError("no run directory given", field="--output", fix="add --output runs/NAME (a new path)")
-    manifest = supervisor.run_benchmark(config, Path(output), argv=sys.argv)
-    status, reason = manifest["status"], manifest.get("reason")
+    if executor == "slurm":
+        from draftscope.slurm import benchmark as slurm_benchmark
+
+        status, reason = slurm_benchmark.run(config, Path(output), flags=slurm, argv=sys.argv)
+    else:
+        manifest = supervisor.run_benchmark(config, Path(output), argv=sys.argv)
+        status, reason = manifest["status"], manifest.get("reason")
     print(f"{output}: {status}" + (f" ({reason})" if reason else ""))
     if status != "completed":
         raise Exit(code=1)

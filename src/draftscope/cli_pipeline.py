@@ -43,8 +43,9 @@ def pipeline(
     from draftscope.pipeline import registry
     from draftscope.pipeline.config import load_pipeline_config
     from draftscope.runtime import get_runtime
+    from draftscope.slurm.options import executor_flags
 
-    slurm = _slurm_flags(executor, partition=partition, account=account, qos=qos, nodes=nodes)
+    slurm = executor_flags(executor, partition=partition, account=account, qos=qos, nodes=nodes)
     resolved = load_pipeline_config(
         draft=draft,
         preset=preset,
@@ -74,32 +75,6 @@ def pipeline(
     if failed:
         raise Exit(f"{failed[0].stage}: {failed[0].status} ({failed[0].reason})", code=1)
     print(f"{plan.workdir}: {len(outcomes)} stage(s) done")
-
-
-EXECUTORS = ("local", "slurm")
-
-
-def _slurm_flags(executor: str, **flags: str | None) -> dict[str, object]:
-    """The Slurm flags as config overrides (slurm.*), checked: they need --executor slurm; --nodes is a count."""
-    from draftscope.errors import UserError
-
-    if executor not in EXECUTORS:
-        raise UserError(
-            f"unknown executor '{executor}'", field="--executor", fix=f"choose one of: {', '.join(EXECUTORS)}"
-        )
-    given = {k: v for k, v in flags.items() if v is not None}
-    if given and executor != "slurm":
-        first = next(iter(given))
-        raise UserError(f"--{first} applies to the Slurm executor", field=f"--{first}", value=given[first],
-                        fix="add --executor slurm, or leave it out")  # fmt: skip
-    if "nodes" in given:
-        try:
-            given["nodes"] = int(str(given["nodes"]))
-        except ValueError:
-            raise UserError(
-                "not a whole number", field="--nodes", value=given["nodes"], fix="e.g. --nodes 2"
-            ) from None
-    return given
 
 
 PIPELINE_TASKS = [pipeline]

@@ -61,8 +61,10 @@ def _join(argv: list[str]) -> str:
     return shell_join(argv)
 
 
-def preflight(plan: Plan, runtime: Runtime) -> None:
-    """Everything that can be refused before a run directory exists: no partial state on bad input."""
+def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
+    """Everything that can be refused before a run directory exists: no partial state on bad input. `here=False`
+    (the Slurm executor's submitting host, which may have neither): the images and the GPU are left to the
+    supervisor in the job, which runs this preflight again on its node."""
     if plan.experiment.backend == "vllm":
         from draftscope.platforms import require_linux
 
@@ -74,6 +76,8 @@ def preflight(plan: Plan, runtime: Runtime) -> None:
                 field="revision",
                 fix="pin the full 40-character commit SHA in the preset or pass --revision/--draft-revision",
             )
+    if not here:
+        return
     if isinstance(runtime, ContainerRuntime):
         for image in sorted({s.image for s in plan.steps}):
             runtime.image_facts(image)  # raises a UserError naming the image and how to build it
@@ -107,8 +111,11 @@ def run_benchmark(
     say: Printer = print,
     kind: str = "benchmark",
     notes: Sequence[str] = (),
+    explain: Callable[[Outcome], Outcome] | None = None,
 ) -> dict[str, Any]:
-    """Run one benchmark into a new run directory; `kind="reproduce"` (with `notes`) marks a reproduction."""
+    """Run one benchmark into a new run directory; `kind="reproduce"` (with `notes`) marks a reproduction.
+    `explain` may restate how a step ended before it is recorded (inside a Slurm job: a SIGTERM is Slurm's time
+    limit or a cancellation, which Slurm is asked about)."""
     plan = plan_benchmark(config, str(output))
     runtime = get_runtime(config.runtime)
     preflight(plan, runtime)
@@ -137,10 +144,12 @@ def run_benchmark(
             if os.environ.get(FAILPOINT):
                 run.note(f"fault injection was active: {FAILPOINT}={os.environ[FAILPOINT]}")
             run.set_status("running")
-            outcome = _run_steps(plan, runtime, ctx, run, say, steps)
+            outcome = _run_steps(plan, runtime, ctx, run, say, steps, explain)
         except KeyboardInterrupt as exc:
             reason = interrupted_reason(exc).split(";")[0]
             outcome = Outcome("benchmark", "interrupted", None, 0.0, reason, None)
+            if explain is not None:
+                outcome = explain(outcome)
     return finish(run, plan, outcome, steps)
 
 
@@ -158,11 +167,17 @@ def _image_facts(plan: Plan, runtime: Runtime, ctx: Context) -> list[dict[str, A
 
 
 def _run_steps(
-    plan: Plan, runtime: Runtime, ctx: Context, run: RunDir, say: Printer, steps_state: list[dict[str, Any]]
+    plan: Plan,
+    runtime: Runtime,
+    ctx: Context,
+    run: RunDir,
+    say: Printer,
+    steps_state: list[dict[str, Any]],
+    explain: Callable[[Outcome], Outcome] | None = None,
 ) -> Outcome:
     outcome: Outcome | None = None
     for step in plan.steps:
-        watcher = _Progress(run.path / RECORDS, plan.prompts.count * plan.experiment.repeats, say)
+        watcher = Progress(run.path / RECORDS, plan.prompts.count * plan.experiment.repeats, say)
         argv = runtime.argv(step, ctx)  # exactly what runs (and what --dry-run prints)
         # Recorded as running before it starts: a supervisor killed outright leaves the step named.
         with contextlib.suppress(OSError):
@@ -173,6 +188,8 @@ def _run_steps(
             outcome = runtime.run(step, ctx)
         finally:
             watcher.stop()
+        if explain is not None:
+            outcome = explain(outcome)
         steps_state.append(
             {
                 "name": step.name,
@@ -285,8 +302,9 @@ def _reason(plan: Plan, outcome: Outcome) -> str | None:
     return outcome.reason
 
 
-class _Progress:
-    """Reports each finished record while the worker runs (a line per record; the file is the source of truth)."""
+class Progress:
+    """Reports each finished record while the worker runs (a line per record; the file is the source of truth).
+    The Slurm executor's submitting side watches a run in its job the same way."""
 
     def __init__(self, path: Path, total: int, say: Printer, interval: float = 0.5) -> None:
         self.path, self.total, self.say, self.interval = path, total, say, interval

@@ -4,6 +4,9 @@
   one node of a training job) through the runtime; writes the stage record (or the shard's outcome).
 - `merge --plan P --stage regen`: after regen's job array: account for every row, merge, write the record.
 - `cleanup --plan P --stage S [--shard I]`: remove the job's container now (the SIGTERM trap).
+- `run-benchmark --job <run>.slurm/benchmark.json`: `invoke benchmark`'s supervisor, as a local run's, with the
+  submitted config (`invoke benchmark --executor slurm`).
+- `cleanup-benchmark --job …`: remove the benchmark's containers now (the SIGTERM trap).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--shard", type=int, default=None, help="the array task ($SLURM_ARRAY_TASK_ID)")
         if name == "run-step":
             p.add_argument("--rdzv-endpoint", default=None, help="training across nodes: HOST:PORT of node 0")
+    for name, text in (
+        ("run-benchmark", "run a benchmark's supervisor with the submitted config"),
+        ("cleanup-benchmark", "remove the benchmark's containers (SIGTERM trap)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--job", required=True, type=Path, help="the run's <run>.slurm/benchmark.json")
     return root
 
 
@@ -41,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
                                                      rdzv_endpoint=args.rdzv_endpoint))  # fmt: skip
     if args.command == "merge":
         return node.main_guard(lambda: node.merge(args.plan, args.stage))
+    if args.command == "run-benchmark":
+        return node.main_guard(lambda: node.run_benchmark(args.job))
+    if args.command == "cleanup-benchmark":
+        return node.main_guard(lambda: node.cleanup_benchmark(args.job))
     return node.main_guard(lambda: node.cleanup(args.plan, args.stage, shard=args.shard))
 
 

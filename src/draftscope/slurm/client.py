@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from draftscope.errors import UserError
@@ -47,9 +47,14 @@ def _message(result: subprocess.CompletedProcess) -> str:
     return " / ".join(lines[-2:]) or f"exit code {result.returncode}"
 
 
+Fields = Mapping[str, tuple[str, str]]  # "resources" / "time" → (the field that sets it, the fix)
+
+
 def explain_refusal(message: str, *, job: str, partition: str | None, account: str | None,
-                    qos: str | None) -> UserError:  # fmt: skip
-    """An sbatch refusal as a one-line error naming the field the user can change."""
+                    qos: str | None, fields: Fields | None = None) -> UserError:  # fmt: skip
+    """An sbatch refusal as a one-line error naming the field the user can change. `fields`: which fields size
+    the job and how to change them, for a job that is not a pipeline stage (default: `slurm.stages.<job>`)."""
+    fields = fields or {}
     text = message.lower()
     if "invalid partition" in text:
         known = ", ".join(partitions()) or "none"
@@ -62,31 +67,39 @@ def explain_refusal(message: str, *, job: str, partition: str | None, account: s
         return UserError(f"Slurm refused job {job}: {message}", field="--qos", value=qos,
                          fix="use a QOS of your association, or leave --qos out")  # fmt: skip
     if "node configuration is not available" in text or "gres" in text or "memory" in text:
-        return UserError(f"Slurm refused job {job}: {message}", field=f"slurm.stages.{job}",
-                         fix="no node of the partition has these resources (GPUs: the config's gpus; CPUs, "
-                         "mem, nodes): change them or the partition (sinfo -o '%P %c %m %G %D')")  # fmt: skip
+        field, fix = fields.get("resources") or (
+            f"slurm.stages.{job}",
+            "GPUs: the config's gpus; CPUs, mem, nodes",
+        )
+        return UserError(f"Slurm refused job {job}: {message}", field=field,
+                         fix=f"no node of the partition has these resources ({fix}): change them or the partition "
+                         "(sinfo -o '%P %c %m %G %D')")  # fmt: skip
     if "time limit" in text:
-        return UserError(f"Slurm refused job {job}: {message}", field=f"slurm.stages.{job}.time_limit_s",
-                         fix="stay within the partition's MaxTime (sinfo -o '%P %l')")  # fmt: skip
+        field, fix = fields.get("time") or (f"slurm.stages.{job}.time_limit_s", "")
+        return UserError(f"Slurm refused job {job}: {message}", field=field,
+                         fix="stay within the partition's MaxTime (sinfo -o '%P %l')" + fix)  # fmt: skip
     return UserError(f"Slurm refused job {job}: {message}", field="--executor", value="slurm",
                      fix="read Slurm's message; the job script is in the workdir's slurm/ folder")  # fmt: skip
 
 
-def test_only(script: str, *, job: str, partition: str | None, account: str | None, qos: str | None) -> None:
+def test_only(script: str, *, job: str, partition: str | None, account: str | None, qos: str | None,
+              fields: Fields | None = None) -> None:  # fmt: skip
     """`sbatch --test-only` with the script on stdin: Slurm validates it and its resources (partition, account,
     QOS, nodes, GPUs) and submits nothing; nothing needs to be written first."""
     result = _run(["sbatch", "--test-only"], stdin=script)
     if result.returncode != 0:
-        raise explain_refusal(_message(result), job=job, partition=partition, account=account, qos=qos)
+        raise explain_refusal(_message(result), job=job, partition=partition, account=account, qos=qos,
+                              fields=fields)  # fmt: skip
 
 
 def submit(script: Path, *, dependency: str | None, job: str, partition: str | None, account: str | None,
-           qos: str | None) -> str:  # fmt: skip
+           qos: str | None, fields: Fields | None = None) -> str:  # fmt: skip
     """Submit with `sbatch --parsable`; the job id. A job whose dependency fails is cancelled by Slurm itself
     (`--kill-on-invalid-dep=yes`), so nothing waits forever behind a failed stage, with or without the kit."""
     result = _run(submit_argv(script, dependency))
     if result.returncode != 0:
-        raise explain_refusal(_message(result), job=job, partition=partition, account=account, qos=qos)
+        raise explain_refusal(_message(result), job=job, partition=partition, account=account, qos=qos,
+                              fields=fields)  # fmt: skip
     job_id = result.stdout.strip().split(";")[0]
     if not job_id.isdigit():
         raise UserError(f"sbatch printed no job id for {job}: {result.stdout.strip()!r}", field="--executor")

@@ -83,11 +83,12 @@ class Submitted:
 
 
 class Ledger:
-    """`slurm/jobs.json`: every submission to this workdir, its jobs, their ids, states and logs."""
+    """`slurm/jobs.json`: every submission to this workdir, its jobs, their ids, states and logs (a benchmark's:
+    `<run>.slurm/jobs.json`, its `path`). Log paths are kept relative to `workdir`."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, path: Path | None = None) -> None:
         self.workdir = workdir
-        self.path = workdir / jobs.SLURM_DIR / jobs.JOBS_FILE
+        self.path = path or workdir / jobs.SLURM_DIR / jobs.JOBS_FILE
         self.data: dict[str, Any] = {"schema_version": LEDGER_VERSION, "submissions": []}
         if self.path.is_file():
             try:
@@ -116,13 +117,13 @@ class Ledger:
                 fix=f"wait for them (squeue -j {','.join(active)}), or cancel them (scancel {' '.join(active)})",
             )
 
-    def add(self, jp: jobs.JobPlan, submitted: Sequence[Submitted], argv: list[str]) -> None:
+    def add(self, submitted: Sequence[Submitted], argv: list[str], *, runtime: str, python: str) -> None:
         self.data["submissions"].append(
             {
                 "submitted_at": now(),
                 "command_line": command_line(argv),
-                "runtime": jp.runtime,
-                "python": jp.python,
+                "runtime": runtime,
+                "python": python,
                 "jobs": [],
             }
         )
@@ -236,8 +237,17 @@ def update(s: Submitted, say: Printer) -> bool:
     return changed
 
 
-def follow(submitted: Sequence[Submitted], ledger: Ledger, *, poll: float, say: Printer) -> None:
+TICK_S = 0.5  # how often a callable `poll` is asked again while waiting
+
+
+def follow(submitted: Sequence[Submitted], ledger: Ledger, *, poll: float | Callable[[], float], say: Printer,
+           resume: str | None = None) -> None:  # fmt: skip
+    """Ask Slurm about the jobs every `poll` seconds until all have ended; Ctrl-C (KeyboardInterrupt, and so the
+    SIGTERM a caller turns into one) cancels those still queued or running and waits for them to end. `poll` may
+    be a function, asked every half second while waiting: a caller that sees its job finish sooner (a benchmark's
+    final status) shortens the wait. `resume`: what the user may do when Slurm stops answering."""
     failures = 0
+    resume = resume or f"resubmitting later submits only what is not complete ({ledger.path})"
     try:
         while True:
             changed = False
@@ -248,28 +258,28 @@ def follow(submitted: Sequence[Submitted], ledger: Ledger, *, poll: float, say: 
                 failures = 0
             except UserError as exc:  # slurmctld busy or restarting: the jobs go on; ask again
                 failures += 1
+                every = poll() if callable(poll) else poll
                 if failures == 1:
-                    say(f"slurm: {exc.render()}; asking again every {poll:g} s")
-                if failures * poll > UNREACHABLE_S:
+                    say(f"slurm: {exc.render()}; asking again every {every:g} s")
+                if failures * every > UNREACHABLE_S:
                     raise UserError(
                         f"Slurm did not answer for {UNREACHABLE_S:g} s; the jobs were left as they are",
                         field="--executor",
                         value="slurm",
-                        fix=f"follow them with squeue; resubmitting later submits only what is not complete "
-                        f"({ledger.path})",
+                        fix=f"follow them with squeue; {resume}",
                     ) from None
             if changed:
                 ledger.save(submitted)
             if all(s.final for s in submitted):
                 return
-            time.sleep(poll)
+            pause(poll)
     except KeyboardInterrupt:
         active = [s.job_id for s in submitted if not s.final]
         say(f"interrupted: cancelling job(s) {' '.join(active)} (scancel) and waiting for them to end")
         client.cancel(active)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while not all(s.final for s in submitted) and time.monotonic() < deadline:
-            time.sleep(min(poll, 0.5))
+            time.sleep(TICK_S if callable(poll) else min(poll, TICK_S))
             for s in submitted:
                 if not s.final:
                     update(s, say)
@@ -280,6 +290,17 @@ def follow(submitted: Sequence[Submitted], ledger: Ledger, *, poll: float, say: 
                     f"job {s.job_id} was cancelled and had not ended after {CANCEL_WAIT_S:g} s",
                 )
         ledger.save(submitted)
+
+
+def pause(poll: float | Callable[[], float]) -> None:
+    """Sleep `poll` seconds; a callable `poll` is asked again every TICK_S, and the wait ends once it has lasted
+    as long as the latest answer."""
+    if not callable(poll):
+        time.sleep(poll)
+        return
+    started = time.monotonic()
+    while (left := poll() - (time.monotonic() - started)) > 0:
+        time.sleep(min(left, TICK_S))
 
 
 # --- outcomes ------------------------------------------------------------------------------------------------------
@@ -347,7 +368,7 @@ def run(plan: PipelinePlan, runtime: Runtime, *, force: bool = False, argv: list
     runner.write_frozen_config(plan, argv if argv is not None else sys.argv)
     prepare(jp, force=force)
     submitted = submit_all(jp)
-    ledger.add(jp, submitted, argv if argv is not None else sys.argv)
+    ledger.add(submitted, argv if argv is not None else sys.argv, runtime=jp.runtime, python=jp.python)
     listed = ", ".join(f"{s.job.key} {s.job_id}" + (f" (array {s.job.array})" if s.job.array else "")
                        for s in submitted)  # fmt: skip
     say(

@@ -196,17 +196,31 @@ def slurm_time(total_minutes: int) -> str:
 
 def resources(sp: StagePlan, config: PipelineConfig) -> Resources:
     opts = stage_options(config, sp.stage.name)
-    step = sp.step
+    return step_resources(
+        sp.step,
+        opts,
+        all_gpus=config.gpus,
+        seconds=sp.step.time_limit_s,
+        nodes=(opts.nodes or 1) if kind_of(sp) == "torchrun" else 1,
+    )
+
+
+def step_resources(step: Step, opts: SlurmStageOptions, *, all_gpus: int, seconds: float | None,
+                   margin: float = TIME_MARGIN_S, nodes: int = 1) -> Resources:  # fmt: skip
+    """A Step's job resources (the pipeline's stages and the benchmark alike). A step on "all GPUs" takes whole
+    nodes (`all_gpus` GPUs each, `--exclusive`, `--mem=0`): its container sees every GPU of its node; a CPU step
+    one CPU unless set. The time limit: `opts.time_limit_s`, else `seconds` (the step's own limit) + `margin`,
+    else none (the partition's default)."""
     whole_node = step.gpus < 0
-    gpus = config.gpus if whole_node else step.gpus
+    gpus = all_gpus if whole_node else step.gpus
     if opts.time_limit_s is not None:
         limit = minutes(opts.time_limit_s)
-    elif step.time_limit_s is not None:
-        limit = minutes(step.time_limit_s + TIME_MARGIN_S)
+    elif seconds is not None:
+        limit = minutes(seconds + margin)
     else:
         limit = None
     return Resources(
-        nodes=(opts.nodes or 1) if kind_of(sp) == "torchrun" else 1,
+        nodes=nodes,
         gpus=gpus,
         exclusive=whole_node,
         cpus_per_task=opts.cpus_per_task or (None if whole_node else 1),
@@ -310,15 +324,41 @@ def render(jp: JobPlan, job: Job) -> str:
     res = job.resources
     workdir = jp.plan.workdir
     q = shlex.quote
+    head = sbatch_header(job.name, jp.log(job), workdir, res, array=job.array)
+    about = [f"# draftscope pipeline {workdir}: job {job.key}", *(f"# {line}" for line in job.about)]
+    args = f"--plan {q(str(jp.plan_file))} --stage {q(job.stage)}"
+    if job.array:
+        args += ' --shard "$SLURM_ARRAY_TASK_ID"'
+    command = "merge" if job.kind == "merge" else "run-step"
+    container = jp.runtime != "local" and job.kind != "merge"
+    if job.kind == "torchrun":
+        port = jp.plan.config.slurm.rdzv_port
+        gres = f" --gres=gpu:{res.gpus}" if res.gpus else ""
+        launch = [
+            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1{gres} --kill-on-bad-exit=1 \\',
+            f'  "${{kit[@]}}" {command} "${{args[@]}}" --rdzv-endpoint "$head_node:{port}" &',
+        ]
+    else:
+        launch = [f'"${{kit[@]}}" {command} "${{args[@]}}" &']
+    body = job_body(jp.python, args, launch, cleanup="cleanup" if container else None)
+    return "\n".join([*head, "#", *about, *body]) + "\n"
+
+
+def sbatch_header(name: str, output: Path, chdir: Path, res: Resources, *, array: str | None = None
+                  ) -> list[str]:  # fmt: skip
+    """A job script's first lines: the shebang and the #SBATCH options (sbatch reads quoted values like the
+    shell)."""
+    q = shlex.quote
     head = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={job.name}",
-        f"#SBATCH --output={q(str(jp.log(job)))}",  # sbatch reads quoted values like the shell
-        f"#SBATCH --chdir={q(str(workdir))}",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --output={q(str(output))}",
+        f"#SBATCH --chdir={q(str(chdir))}",
         "#SBATCH --open-mode=append",
     ]
-    if job.array:
-        head.append(f"#SBATCH --array={job.array}")
+    if array:
+        head.append(f"#SBATCH --array={array}")
     head += [f"#SBATCH --nodes={res.nodes}", "#SBATCH --ntasks-per-node=1"]
     if res.cpus_per_task:
         head.append(f"#SBATCH --cpus-per-task={res.cpus_per_task}")
@@ -333,40 +373,36 @@ def render(jp: JobPlan, job: Job) -> str:
     for flag, value in (("partition", res.partition), ("account", res.account), ("qos", res.qos)):
         if value:
             head.append(f"#SBATCH --{flag}={value}")
-    about = [f"# draftscope pipeline {workdir}: job {job.key}", *(f"# {line}" for line in job.about)]
-    args = f"--plan {q(str(jp.plan_file))} --stage {q(job.stage)}"
-    if job.array:
-        args += ' --shard "$SLURM_ARRAY_TASK_ID"'
-    command = "merge" if job.kind == "merge" else "run-step"
-    container = jp.runtime != "local" and job.kind != "merge"
+    return head
+
+
+def job_body(python: str, args: str, launch: Sequence[str], *, cleanup: str | None) -> list[str]:
+    """The script's commands: the kit (`python -m draftscope.slurm`, the submitting host's interpreter) started
+    in the background by `launch` with `args`, and a SIGTERM trap that runs the kit's `cleanup` command (when the
+    step runs in a container) and waits for the kit to record how the step ended."""
+    q = shlex.quote
     body = [
         "set -u",
-        f"kit=({q(jp.python)} -m draftscope.slurm)",
+        f"kit=({q(python)} -m draftscope.slurm)",
         f"args=({args})",
         'child=""',
         "# Slurm sends SIGTERM to every process of the job (scancel, time limit), then SIGKILL after KillWait.",
         "on_term() {",
     ]
-    if container:
-        body.append('  "${kit[@]}" cleanup "${args[@]}"  # the container outlives its client otherwise')
+    if cleanup:
+        body.append(
+            f'  "${{kit[@]}}" {cleanup} "${{args[@]}}"  # the container outlives its client otherwise'
+        )
     body += [
         '  if [ -n "$child" ]; then wait "$child"; fi  # the kit records how the step ended',
         "  exit 143",
         "}",
         "trap on_term TERM",
+        *launch,
+        "child=$!",
+        'wait "$child"',
     ]
-    if job.kind == "torchrun":
-        port = jp.plan.config.slurm.rdzv_port
-        gres = f" --gres=gpu:{res.gpus}" if res.gpus else ""
-        body += [
-            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1{gres} --kill-on-bad-exit=1 \\',
-            f'  "${{kit[@]}}" {command} "${{args[@]}}" --rdzv-endpoint "$head_node:{port}" &',
-        ]
-    else:
-        body.append(f'"${{kit[@]}}" {command} "${{args[@]}}" &')
-    body += ["child=$!", 'wait "$child"']
-    return "\n".join([*head, "#", *about, *body]) + "\n"
+    return body
 
 
 def dependency(job: Job, ids: dict[str, str]) -> str | None:

@@ -1,5 +1,5 @@
 """Inside a Slurm job: run one stage (or one shard, or one node's part of training) through the runtime, merge
-a job array's shards, or remove a job's container.
+a job array's shards, run a benchmark's supervisor (`run_benchmark`), or remove a job's container.
 
 A stage's job calls the runner's own `run_stage`, so the skip check, the preconditions, the outputs' validation
 and the stage record are a local run's; the record gains a `slurm` entry (job id, nodes). Slurm stops a job with
@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from typing import Any
 
 from draftscope.errors import UserError
 from draftscope.images import image_reference
-from draftscope.jsonio import atomic_write_json
+from draftscope.jsonio import atomic_write_json, read_json
 from draftscope.pipeline.plan import StagePlan
 from draftscope.plan import Step
 from draftscope.provenance import now
@@ -84,15 +85,19 @@ def own_state() -> states.JobState | None:
     return found[0] if found else None
 
 
+def explain_stop(outcome: Outcome) -> Outcome:
+    """An interrupted outcome inside a Slurm job, explained by Slurm: timed out, or cancelled / preempted."""
+    if outcome.status == "interrupted" and os.environ.get("SLURM_JOB_ID"):
+        status, reason = states.stop_cause(own_state())
+        outcome = dataclasses.replace(outcome, status=status, reason=reason)
+    return outcome
+
+
 def classified(run: Callable[[Step, Context], Outcome]) -> Callable[[Step, Context], Outcome]:
-    """`run`, with an interrupted outcome explained by Slurm: timed out, or cancelled / preempted."""
+    """`run`, with an interrupted outcome explained by Slurm (`explain_stop`)."""
 
     def execute(step: Step, ctx: Context) -> Outcome:
-        outcome = run(step, ctx)
-        if outcome.status == "interrupted" and os.environ.get("SLURM_JOB_ID"):
-            status, reason = states.stop_cause(own_state())
-            outcome = dataclasses.replace(outcome, status=status, reason=reason)
-        return outcome
+        return explain_stop(run(step, ctx))
 
     return execute
 
@@ -228,6 +233,42 @@ def skip_reason(workdir: Path, sp: StagePlan, runtime: Runtime) -> str | None:
                              inputs=state.fingerprints(sp.inputs), outputs=sp.outputs)  # fmt: skip
 
 
+# --- a benchmark ------------------------------------------------------------------------------------------------
+
+
+def run_benchmark(job_file: Path, *, say: Say = say) -> int:
+    """The benchmark's supervisor, as a local run's, with the submitted config (`slurm.benchmark`); a stop by Slurm
+    (scancel, the time limit) is recorded as Slurm explains it. Exit 0 only for a completed run."""
+    from draftscope.bench.supervisor import run_benchmark as supervise
+    from draftscope.slurm.benchmark import load
+
+    loaded = load(job_file)
+    nodes = os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname()
+    note = (f"supervised in Slurm job {job_id() or 'none'} on {nodes} (invoke benchmark --executor slurm, "
+            f"submitted from {loaded.doc.get('host')})")  # fmt: skip
+    manifest = supervise(loaded.config, loaded.output, argv=list(loaded.doc["argv"]), say=say, notes=[note],
+                         explain=explain_stop)  # fmt: skip
+    reason = manifest.get("reason")
+    say(f"{loaded.output}: {manifest['status']}" + (f" ({reason})" if reason else ""))
+    return 0 if manifest["status"] == "completed" else 1
+
+
+def cleanup_benchmark(job_file: Path) -> int:
+    """Remove the benchmark's containers at once (the job script's SIGTERM trap), by the names the runtime gives
+    them: `scancel` ends the engine's client, not its container."""
+    from draftscope.runtime.base import container_name
+
+    try:
+        doc = read_json(job_file)
+    except Exception:
+        return 0  # nothing to go by; the supervisor stops its own container too
+    engine, output = doc.get("runtime"), Path(doc.get("output") or ".")
+    ctx = Context(run_dir=output, run_id=output.name)
+    for step in doc.get("steps") or ():
+        _remove_container(engine, container_name(ctx, step["name"]))
+    return 0
+
+
 # --- merge and cleanup --------------------------------------------------------------------------------------------
 
 
@@ -290,12 +331,17 @@ def cleanup(plan_file: Path, stage: str, *, shard: int | None = None) -> int:
         return 0
     workdir = Path(doc["workdir"])
     step = shards.step_name(shard) if shard is not None else stage
-    name = container_name(Context(run_dir=workdir, run_id=workdir.name), step)
+    _remove_container(engine, container_name(Context(run_dir=workdir, run_id=workdir.name), step))
+    return 0
+
+
+def _remove_container(engine: str | None, name: str) -> None:
+    if engine not in ("docker", "podman"):
+        return
     # No grace: Slurm's SIGKILL follows within KillWait; --init has already passed SIGTERM to the step.
     extra = ["--time", "0"] if engine == "podman" else []
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run([engine, "rm", "--force", *extra, name], capture_output=True, timeout=30, check=False)
-    return 0
 
 
 def main_guard(fn: Callable[[], int]) -> int:
