@@ -182,14 +182,15 @@ def verify(c, root=None):
 @task(
     positional=["path"],
     help={
-        "path": "a run directory or a comparison .json to add",
+        "path": "a run directory, a comparison .json or a measurement .json (a head-bench report) to add",
         "study": "the study it belongs to (research/studies/STUDY.yaml)",
         "root": "the research folder (default: research/ of the checkout)",
     },
 )
 @user_errors
 def add(c, path, study=None, root=None):
-    """Copy a run (or a comparison) into research/evidence/STUDY/ without overwriting, and update SHA256SUMS."""
+    """Copy a run, a comparison or a measurement into research/evidence/STUDY/ without overwriting, and update
+    SHA256SUMS."""
     from draftscope.analysis.evidence import add as add_evidence
     from draftscope.analysis.evidence import research_dir
 

@@ -1,6 +1,8 @@
 """research/: the committed evidence verifies, one changed byte anywhere fails naming the file, `add` never
 overwrites, and claims.yaml carries every historical figure with its provenance (issue 5, acceptance 4 and 5)."""
 
+import inspect
+import json
 import shutil
 
 import pytest
@@ -17,6 +19,7 @@ from draftscope.errors import UserError
 from support import ROOT
 
 RESEARCH = ROOT / "research"
+CPU_REPORT = "evidence/prefix-head-cpu/measurements/prefix-head-cpu.json"
 
 
 def failures(root):
@@ -35,6 +38,9 @@ def test_the_committed_research_folder_verifies():
     assert findings[0].file == "SHA256SUMS"
     checked = {f.file for f in findings}
     assert "claims.yaml" in checked and "studies/tiny-cpu-aa.yaml" in checked
+    assert {"studies/prefix-head-cpu.yaml", "studies/prefix-head-gpu.yaml", CPU_REPORT} <= checked
+    (measured,) = [f for f in findings if f.file == CPU_REPORT]
+    assert measured.line() == f"ok   {CPU_REPORT} (head-bench)"
 
 
 def test_evidence_verify_task_passes_on_the_committed_folder():
@@ -120,6 +126,176 @@ def test_add_task(tmp_path, research):
     assert cli("evidence.verify", "--root", str(research)).returncode == 0
     again = cli("evidence.add", str(run), "--study", "tiny-cpu-aa", "--root", str(research))
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
+
+
+# --- measurements: head-bench reports (and head-study study.json) in a measurement study -----------------------
+
+
+@pytest.fixture
+def report(tmp_path):
+    """A copy of the committed CPU head-bench report under a new name: valid, made with prefix-head-cpu's options."""
+    path = tmp_path / "again.json"
+    shutil.copyfile(RESEARCH / CPU_REPORT, path)
+    return path
+
+
+def _write(path, doc):
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _resum(research, rel):
+    sums = evidence.read_sums(research)
+    sums[rel] = evidence.sha256_file(research / rel)
+    evidence.write_sums(research, sums)
+
+
+def test_add_a_measurement_then_verify_and_never_overwrite(research, report):
+    added = evidence.add(research, report, "prefix-head-cpu")
+    assert added == ["evidence/prefix-head-cpu/measurements/again.json"]
+    assert (research / added[0]).read_bytes() == report.read_bytes()  # copied unchanged
+    assert evidence.read_sums(research)[added[0]] == evidence.sha256_file(report)
+    assert failures(research) == []
+    with pytest.raises(UserError, match="never overwritten"):
+        evidence.add(research, report, "prefix-head-cpu")
+    # A changed byte in the measurement fails, naming it.
+    path = research / added[0]
+    path.write_bytes(path.read_bytes().replace(b'"ratio": ', b'"ratio":  ', 1))
+    (bad,) = failures(research)
+    assert bad.file == added[0] and "SHA-256 differs" in bad.detail
+    with pytest.raises(UserError, match="does not verify"):
+        evidence.add(research, report, "prefix-head-cpu")
+
+
+def test_a_measurement_is_told_by_its_content_and_checked_against_its_schema(research, report):
+    doc = json.loads(report.read_text())
+    assert evidence.measurement_task(doc) == "head-bench"
+    del doc["device"]["cpu_model"]
+    with pytest.raises(UserError, match=r"\$\.device: 'cpu_model' is required"):
+        evidence.add(research, _write(report, doc), "prefix-head-cpu")
+    rel = "evidence/prefix-head-cpu/measurements/again.json"
+    assert failures(research) == [] and not (research / rel).exists()
+    # One that is invalid inside the evidence fails `verify` even with its hash updated.
+    _write(research / rel, doc)
+    _resum(research, rel)
+    (bad,) = failures(research)
+    assert bad.file == rel and bad.detail.startswith("(head-bench) $.device: 'cpu_model' is required")
+    # Anything else in measurements/ (here a comparison) names what a measurement must be.
+    comparison = research / "evidence/tiny-cpu-aa/comparisons/tiny-cpu-aa.json"
+    shutil.copyfile(comparison, research / rel)
+    _resum(research, rel)
+    (bad,) = failures(research)
+    assert bad.file == rel and bad.detail == "neither a head-bench nor a head-study report"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"repeats": 3}, "made with repeats 3, but study 'prefix-head-cpu' froze 20"),
+        ({"rows": [1, 8]}, "made with rows 1,8, but study 'prefix-head-cpu' froze 1,8,16"),
+        ({"fallback": [0.0, 0.5]}, "made with fallback 0,0.5, but study 'prefix-head-cpu' froze 0,0.1,0.45"),
+        ({"device": "cuda"}, "made with device cuda, but study 'prefix-head-cpu' froze cpu"),
+    ],
+)
+def test_a_measurement_must_match_the_frozen_options(research, report, change, message):
+    doc = json.loads(report.read_text())
+    doc["config"].update(change)
+    with pytest.raises(UserError) as err:
+        evidence.add(research, _write(report, doc), "prefix-head-cpu")
+    assert err.value.message == message
+    # The same check holds inside the evidence, hash updated or not.
+    rel = "evidence/prefix-head-cpu/measurements/again.json"
+    _write(research / rel, doc)
+    _resum(research, rel)
+    (bad,) = failures(research)
+    assert bad.file == rel and bad.detail == f"(head-bench) {message}"
+
+
+def test_measurement_and_comparison_studies_keep_their_own_kinds(tmp_path, research, report):
+    with pytest.raises(UserError, match="'tiny-cpu-aa' is a comparison study") as err:
+        evidence.add(research, report, "tiny-cpu-aa")
+    assert "measurement study" in err.value.render()
+    run = make_run(tmp_path / "runs" / "r1", seed=1)
+    with pytest.raises(
+        UserError, match="'prefix-head-cpu' is a measurement study: it keeps head-bench reports"
+    ):
+        evidence.add(research, run, "prefix-head-cpu")
+    # `compare --study` needs the frozen admission rule of a comparison study.
+    with pytest.raises(UserError, match="'prefix-head-gpu' is a measurement study, not a comparison study"):
+        evidence.load_study("prefix-head-gpu", research)
+    assert evidence.load_study("prefix-head-gpu", research, kind=None)["measurement"]["task"] == "head-bench"
+    assert failures(research) == []
+
+
+def test_a_head_study_result_is_a_measurement_too(research, tmp_path):
+    protocol = yaml.safe_load((research / "studies" / "prefix-head-cpu.yaml").read_text())
+    protocol.update(
+        name="captured-head", measurement={"task": "head-study", "options": {"k": 64}, "result": "r"}
+    )
+    (research / "studies" / "captured-head.yaml").write_text(yaml.safe_dump(protocol))
+    _resum(research, "studies/captured-head.yaml")  # a new protocol's line is added by hand
+    quantiles = {"min": 0.0, "p10": 0.0, "median": 1.0, "p90": 2.0, "max": 2.0, "n": 3}
+    doc = {
+        "schema_version": 1, "run": "r1", "k": 64, "group_size": 64, "dtype": "bfloat16", "vocab": 500,
+        "hidden_size": 64, "calls": 3, "rows": 9, "certified": 8, "uncertified_relevant": 1,
+        "uncertified_irrelevant": 0, "fallback_rowwise": 2, "fallback_prefix": 1, "ties": 0, "disagreements": 0,
+        "certified_fraction": 8 / 9, "trigger_rows": {"0": 1}, "tail_margin": quantiles, "head_margin": quantiles,
+        "k_needed": None,
+    }  # fmt: skip
+    assert schema.problems(doc, "head-study") == [] and evidence.measurement_task(doc) == "head-study"
+    added = evidence.add(research, _write(tmp_path / "study.json", doc), "captured-head")
+    assert added == ["evidence/captured-head/measurements/study.json"] and failures(research) == []
+    with pytest.raises(UserError, match="made with k 32, but study 'captured-head' froze 64"):
+        evidence.add(research, _write(tmp_path / "k32.json", {**doc, "k": 32}), "captured-head")
+    with pytest.raises(UserError, match="a head-bench report, but study 'captured-head' measures head-study"):
+        evidence.add(research, RESEARCH / CPU_REPORT, "captured-head")
+
+
+def test_add_task_for_a_measurement(research, report):
+    result = cli("evidence.add", str(report), "--study", "prefix-head-cpu", "--root", str(research))
+    assert result.returncode == 0, result.stderr
+    assert "added 1 file(s) under" in result.stdout
+    assert cli("evidence.verify", "--root", str(research)).returncode == 0
+    wrong = cli("evidence.add", str(report), "--study", "prefix-head-gpu", "--root", str(research))
+    assert wrong.returncode == 2 and len(wrong.stderr.strip().splitlines()) == 1
+    assert "froze cuda" in wrong.stderr
+
+
+def test_study_kinds_in_the_study_schema():
+    aa = yaml.safe_load((RESEARCH / "studies" / "tiny-cpu-aa.yaml").read_text())
+    cpu = yaml.safe_load((RESEARCH / "studies" / "prefix-head-cpu.yaml").read_text())
+    assert schema.problems(aa, "study") == [] and schema.problems(cpu, "study") == []
+    assert schema.problems({**aa, "kind": "comparison"}, "study") == []
+    # A comparison study needs its runs, inputs and admission rule; a measurement study its `measurement`.
+    no_admission = {k: v for k, v in aa.items() if k != "admission"}
+    (problem,) = schema.problems(no_admission, "study")
+    assert (problem.path, problem.message.split(";")[0]) == ("$", "'admission' is required but missing")
+    no_section = {k: v for k, v in cpu.items() if k != "measurement"}
+    messages = [p.message for p in schema.problems(no_section, "study")]
+    assert any("a measurement study needs a `measurement` section" in m for m in messages)
+    no_kind = {k: v for k, v in cpu.items() if k != "kind"}
+    assert [p.message for p in schema.problems(no_kind, "study")] == [
+        "'kind' is required but missing; fix: add 'kind': 'measurement'"
+    ]
+
+
+def test_the_gpu_check_script_runs_the_frozen_gpu_protocol():
+    """tests/gpu/gpu_check.sh makes the report prefix-head-gpu froze, tries `evidence.add` and prints its line."""
+    script = (ROOT / "tests" / "gpu" / "gpu_check.sh").read_text()
+    options = evidence.load_study("prefix-head-gpu", RESEARCH, kind=None)["measurement"]["options"]
+    (bench,) = [line for line in script.splitlines() if "invoke head-bench" in line and "--output" in line]
+    assert f"--device {options['device']}" in bench and f"--repeats {options['repeats']} " in bench
+    # The study froze the task's defaults for vocab, rows, fallback and hidden.
+    assert not {"--vocab", "--rows", "--fallback", "--hidden"} & set(bench.split())
+    from draftscope.cli_head import head_bench
+
+    defaults = {k: p.default for k, p in inspect.signature(head_bench.body).parameters.items()}
+    for key in ("vocab", "rows", "fallback"):
+        assert evidence._same_option(options[key], [float(x) for x in defaults[key].split(",")]), key
+    assert defaults["hidden"] == options["hidden"]
+    assert "STUDY=prefix-head-gpu" in script
+    assert 'evidence.add "$OUT/$REPORT" --study "$STUDY" --root /tmp/research-check' in script
+    assert 'echo "  invoke evidence.add $OUT/$REPORT --study $STUDY"' in script
 
 
 # --- claims.yaml ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from draftscope import schema  # noqa: E402
 from draftscope.errors import UserError  # noqa: E402
 from draftscope.head import bench  # noqa: E402
 from draftscope.head.exact import gamma  # noqa: E402
@@ -106,7 +107,19 @@ def test_main_small_run_prints_one_table_and_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data == json.loads(json.dumps(report))
     bench.validate_report(data)
+    assert schema.problems(data, "head-bench") == []  # schemas/head-bench.schema.json, as research/ checks it
     assert data["schema_version"] == bench.SCHEMA_VERSION and data["kind"] == "head-bench"
+    # Self-describing: the kit, the command, the options as parsed, the machine.
+    assert set(data["kit"]) == {"version", "git_commit", "git_dirty"}
+    assert isinstance(data["command"], list)
+    assert data["config"] == {"device": "cpu", "vocab": [300, 500], "hidden": 64, "rows": [1, 3],
+                              "fallback": [0.0, 0.5], "repeats": 3, "k": bench.K, "group_size": 64, "seed": 0}  # fmt: skip
+    device = data["device"]
+    assert device["type"] == "cpu" and device["name"] == device["cpu_model"] and device["gpu"] is None
+    assert device["torch"] == torch.__version__ and device["threads"] == torch.get_num_threads()
+    assert set(device["cpu_features"]) <= set(bench.CPU_FEATURES)
+    assert set(device["load_average"]) == {"start", "end"}
+    assert any("load average" in note for note in data["notes"])
     assert [(r["vocab"], r["rows"]) for r in data["results"]] == [(300, 1), (300, 3), (500, 1), (500, 3)]
     for r in data["results"]:
         samples = r["samples_ms"]
@@ -120,6 +133,39 @@ def test_main_small_run_prints_one_table_and_writes_json(tmp_path, capsys):
         assert r["impl"]["coarse"] in bench.CPU_COARSE
         assert set(r["candidates_ms"]) == set(bench.CPU_COARSE)
         assert f"{r['ratio']:.2f}×" in printed
+
+
+def test_the_report_schema_lives_in_schemas_and_a_broken_report_is_a_bug():
+    assert not hasattr(bench, "REPORT_SCHEMA")
+    assert schema.get_schema("head-bench")["$id"] == schema.BASE_URI + "head-bench.schema.json"
+    report = bench.main(device="cpu", vocab="300", hidden=64, rows="1", repeats=1, quiet=True)
+    del report["device"]["torch"]
+    with pytest.raises(RuntimeError, match=r"head-bench report: \$\.device: 'torch' is required"):
+        bench.validate_report(report)
+
+
+def test_gpu_facts_come_from_torch_and_the_driver(monkeypatch):
+    from types import SimpleNamespace
+
+    from draftscope import doctor
+
+    props = SimpleNamespace(
+        name="NVIDIA H200", major=9, minor=0, total_memory=141 * 2**30, multi_processor_count=132
+    )
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(get_device_properties=lambda i: props, device_count=lambda: 1)
+    )
+    gpu = doctor.Gpu(0, "NVIDIA H200", None, (9, 0), 144384, 144000, "570.1", cuda_version="12.8",
+                     clocks_sm_max_mhz=1980)  # fmt: skip
+    monkeypatch.setattr(doctor, "gpus_from_nvml", lambda: [gpu])
+    assert bench._gpu_info(fake) == {
+        "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 141 * 1024, "multiprocessors": 132, "count": 1,
+        "driver": "570.1", "driver_cuda": "12.8", "clocks_sm_max_mhz": 1980,
+    }  # fmt: skip
+    monkeypatch.setattr(doctor, "gpus_from_nvml", lambda: None)
+    monkeypatch.setattr(doctor, "gpus_from_nvidia_smi", lambda: None)
+    facts = bench._gpu_info(fake)
+    assert facts["driver"] is None and facts["name"] == "NVIDIA H200"  # torch's facts stand alone
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,19 @@ Layout (relative to research/):
     studies/NAME.yaml                   a protocol per study, frozen before its runs     (study schema)
     evidence/NAME/runs/RUN_ID/          run directories, copied in unchanged             (validate_run)
     evidence/NAME/comparisons/X.json    comparisons (+ X.png)                            (comparison schema)
+    evidence/NAME/measurements/X.json   a kit task's JSON report, copied in unchanged    (head-bench or head-study
+                                                                                          schema, by its content)
     SHA256SUMS                          `sha256sum` format over every file above
 
+Two kinds of study: a comparison study (the default) holds runs and the comparisons of them, judged by its frozen
+admission rule; a measurement study (`kind: measurement`) holds the reports of one kit task (`invoke head-bench
+--output X.json`, or a `head-study` study.json), made with the options its protocol froze.
+
 `verify` checks every hash (a changed, missing or unlisted file fails, named) and validates every artifact against
-its schema. `add` copies a run or a comparison in — never over an existing one — and appends only the new files'
-hashes: existing lines are never recomputed, so adding cannot bless a file changed since it was summed.
+its schema; a measurement must also match its study's frozen task and options. `add` copies a run, a comparison or
+a measurement in — never over an existing one — and appends only the new files' hashes: existing lines are never
+recomputed, so adding cannot bless a file changed since it was summed. A JSON file is told apart by its content: a
+head-bench report (`kind: head-bench`) or a head-study study.json is a measurement, anything else a comparison.
 """
 
 from __future__ import annotations
@@ -53,8 +61,12 @@ def research_dir(root: Path | str | None = None) -> Path:
     return checkout / "research" if checkout is not None else Path("research")
 
 
-def load_study(name: str, root: Path | None = None) -> dict:
-    """A study protocol, validated; an unknown name lists the known ones."""
+COMPARISON, MEASUREMENT = "comparison", "measurement"
+
+
+def load_study(name: str, root: Path | None = None, kind: str | None = COMPARISON) -> dict:
+    """A study protocol, validated; an unknown name lists the known ones. `kind` (None: either) is the kind of
+    study the caller needs: `compare --study` needs a comparison study, with its frozen admission rule."""
     folder = research_dir(root) / "studies"
     path = folder / f"{name}.yaml"
     if not path.is_file():
@@ -62,7 +74,87 @@ def load_study(name: str, root: Path | None = None) -> dict:
         raise UserError(f"no study '{name}'", field="--study", fix=f"write {path} first (known: {known})")
     data = load_yaml(path)
     schemas.check(data, "study", str(path))
+    if kind is not None and study_kind(data) != kind:
+        raise UserError(
+            f"study '{name}' is a {study_kind(data)} study, not a {kind} study",
+            field="--study",
+            value=name,
+            fix=f"name a {kind} study (research/studies/*.yaml)",
+        )
     return data
+
+
+def study_kind(study: dict) -> str:
+    return str(study.get("kind", COMPARISON))
+
+
+# A measurement's task → the schema of its report (the same name).
+MEASUREMENT_TASKS = ("head-bench", "head-study")
+
+
+def measurement_task(doc: object) -> str | None:
+    """Which kit task made this JSON document, told by its content: a head-bench report says `kind: head-bench`;
+    a head-study study.json has no kind but its fallback counts. None for anything else (a comparison)."""
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("kind") == "head-bench":
+        return "head-bench"
+    if "kind" not in doc and "fallback_prefix" in doc and "fallback_rowwise" in doc:
+        return "head-study"
+    return None
+
+
+def measurement_problem(study: dict, doc: dict) -> str | None:
+    """Why a measurement (valid against its schema) does not belong to this study's frozen protocol, or None.
+
+    The task must be the study's; every frozen option must equal the report's (a list option as a list or as the
+    command line's comma-separated text); for head-bench the device must be the study's hardware device and the
+    repeats the study's repeats."""
+    name = study["name"]
+    if study_kind(study) != MEASUREMENT:
+        return f"study '{name}' is a comparison study: a measurement belongs to a study of kind measurement"
+    task, spec = measurement_task(doc), study["measurement"]
+    if task != spec["task"]:
+        return f"a {task} report, but study '{name}' measures {spec['task']}"
+    recorded = _recorded_options(task, doc)
+    expected = dict(spec["options"])
+    if task == "head-bench":
+        expected.setdefault("device", study["hardware"]["device"])
+        expected.setdefault("repeats", study["repeats"])
+        if expected["device"] != study["hardware"]["device"] or expected["repeats"] != study["repeats"]:
+            return f"study '{name}' options contradict its hardware.device or repeats"  # a protocol bug
+    for key, want in expected.items():
+        if key not in recorded:
+            return f"option '{key}' of study '{name}' is not recorded in a {task} report"
+        if not _same_option(want, recorded[key]):
+            return f"made with {key} {_show(recorded[key])}, but study '{name}' froze {_show(want)}"
+    return None
+
+
+def _recorded_options(task: str, doc: dict) -> dict:
+    if task == "head-bench":
+        return dict(doc["config"])  # the options as parsed, device included
+    return {"k": doc["k"], "group_size": doc["group_size"]}
+
+
+def _same_option(want: object, got: object) -> bool:
+    if isinstance(got, list):
+        items = want if isinstance(want, list) else [w for w in str(want).split(",") if w.strip()]
+        return len(items) == len(got) and all(_same_option(w, g) for w, g in zip(items, got, strict=True))
+    if isinstance(got, (int, float)) and not isinstance(got, bool):
+        try:
+            return float(str(want).strip()) == float(got)
+        except ValueError:
+            return False
+    return want == got
+
+
+def _show(value: object) -> str:
+    return (
+        ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        if isinstance(value, list)
+        else str(value)
+    )
 
 
 def check_study_inputs(study: dict, prompts_sha256: dict[str, str | None]) -> None:
@@ -168,7 +260,21 @@ def _schema_findings(root: Path) -> list[Finding]:
             sorted((study / "comparisons").glob("*.json")) if (study / "comparisons").is_dir() else []
         ):
             out.append(_check_json(root, comp))
+        protocol = _protocol(root, study.name) if study.name in names else None
+        for path in (
+            sorted((study / "measurements").glob("*.json")) if (study / "measurements").is_dir() else []
+        ):
+            out.append(_check_measurement(root, path, protocol))
     return out
+
+
+def _protocol(root: Path, name: str) -> dict | None:
+    """studies/NAME.yaml when it is valid (an invalid one is reported by its own finding), else None."""
+    try:
+        data = load_yaml(root / "studies" / f"{name}.yaml")
+    except UserError:
+        return None
+    return data if isinstance(data, dict) and not schemas.problems(data, "study") else None
 
 
 def _check_yaml(root: Path, rel: str, schema: str) -> Finding:
@@ -189,6 +295,24 @@ def _check_json(root: Path, path: Path) -> Finding:
     return _verdict(
         rel, "comparison", [f"{p.path}: {p.message}" for p in schemas.problems(data, "comparison")]
     )
+
+
+def _check_measurement(root: Path, path: Path, protocol: dict | None) -> Finding:
+    """A measurement against the schema its content names, then against its study's frozen protocol."""
+    rel = path.relative_to(root).as_posix()
+    try:
+        doc = read_json(path)
+    except UserError as exc:
+        return Finding(False, rel, exc.message)
+    task = measurement_task(doc)
+    if task is None:
+        return Finding(False, rel, f"neither a {' nor a '.join(MEASUREMENT_TASKS)} report")
+    finding = _verdict(rel, task, [f"{p.path}: {p.message}" for p in schemas.problems(doc, task)])
+    if finding.ok and protocol is not None:
+        problem = measurement_problem(protocol, doc)
+        if problem:
+            return Finding(False, rel, f"({task}) {problem}")
+    return finding
 
 
 def _check_links(root: Path, study: Path, comp: Path) -> Finding:
@@ -212,7 +336,8 @@ def _verdict(rel: str, schema: str, problems: list[str]) -> Finding:
 
 
 def add(root: Path, source: Path, study: str) -> list[str]:
-    """Copy a run directory or a comparison JSON (with its figure) into evidence/STUDY/; returns the new files."""
+    """Copy a run directory, a comparison JSON (with its figure) or a measurement JSON into evidence/STUDY/;
+    returns the new files."""
     root, source = Path(root), Path(source)
     failures = [f for f in verify(root) if not f.ok]
     if failures:
@@ -221,13 +346,22 @@ def add(root: Path, source: Path, study: str) -> list[str]:
             source=str(root),
             fix="run `invoke evidence.verify` and restore the named file before adding",
         )
-    load_study(study, root)  # an unknown or invalid protocol is refused, naming the known ones
-    if (source / MANIFEST).is_file():
-        copied = _add_run(root, source, study)
-    elif source.is_file() and source.suffix == ".json":
-        copied = _add_comparison(root, source, study)
+    # An unknown or invalid protocol is refused, naming the known ones; its kind decides what it accepts.
+    protocol = load_study(study, root, kind=None)
+    doc = read_json(source) if source.is_file() and source.suffix == ".json" else None
+    if doc is not None and measurement_task(doc) is not None:
+        copied = _add_measurement(root, source, doc, protocol)
+    elif (source / MANIFEST).is_file() or doc is not None:
+        if study_kind(protocol) != COMPARISON:
+            raise UserError(
+                f"study '{study}' is a measurement study: it keeps {protocol['measurement']['task']} reports",
+                field="--study",
+                value=study,
+                fix="add runs and comparisons to a comparison study",
+            )
+        copied = _add_run(root, source, study) if doc is None else _add_comparison(root, source, study)
     else:
-        raise UserError("neither a run directory nor a comparison .json", source=str(source))
+        raise UserError("neither a run directory nor a comparison or measurement .json", source=str(source))
     sums = read_sums(root)
     for rel in copied:
         sums[rel] = sha256_file(root / rel)
@@ -267,12 +401,32 @@ def _add_comparison(root: Path, source: Path, study: str) -> list[str]:
     return _rel_files(root, (folder / f.name for f in files))
 
 
+def _add_measurement(root: Path, source: Path, doc: dict, study: dict) -> list[str]:
+    task = measurement_task(doc)
+    assert task is not None
+    schemas.check(doc, task, str(source))
+    problem = measurement_problem(study, doc)
+    if problem:
+        fix = (
+            "add a report made with the study's frozen options"
+            if study_kind(study) == MEASUREMENT
+            else "add it to a measurement study (kind: measurement) of its task"
+        )
+        raise UserError(problem, source=str(source), fix=fix)
+    dest = root / "evidence" / study["name"] / "measurements" / source.name
+    _refuse(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with dest.open("xb") as out:  # exclusive
+        out.write(source.read_bytes())
+    return _rel_files(root, [dest])
+
+
 def _refuse(dest: Path) -> None:
     if dest.exists():
         raise UserError(
             "already in the evidence; evidence is never overwritten",
             source=str(dest),
-            fix="give the run or comparison a new name",
+            fix="give the run, comparison or report a new name",
         )
 
 

@@ -19,6 +19,12 @@ Both need per-row scales (the default here). The bounds are then formed in torch
 
 The weights are random (timing does not depend on their values); the INT8 head is built in row chunks
 (`build_chunked`, identical to `QuantizedHead.build`, whose float64 temporaries would need ~10 GB at V=248320).
+
+The report (`--output FILE`) follows schemas/head-bench.schema.json and describes itself: the kit's version and
+git commit, the command as typed, the options as parsed, and the machine (GPU name, capability, driver and CUDA
+versions; CPU model, CPU count and affinity, memory; torch, triton, Python; the load average before and after).
+research/ keeps such reports as evidence/STUDY/measurements/NAME.json: `invoke evidence.add FILE.json --study NAME`
+checks it against the study's frozen options (`draftscope.analysis.evidence`).
 """
 
 from __future__ import annotations
@@ -44,76 +50,6 @@ TILE_ROWS = 1024  # rows dequantized at once by the `tile` implementation (bf16:
 BF16_OUT_REL = (
     2.0**-8
 )  # |c|·2^-8 covers a bf16-rounded coarse output times an fp32 scale (see module docstring)
-
-REPORT_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "draftscope head bench",
-    "type": "object",
-    "additionalProperties": False,
-    "required": [
-        "schema_version",
-        "kind",
-        "created",
-        "kit",
-        "command",
-        "device",
-        "config",
-        "results",
-        "notes",
-    ],
-    "properties": {
-        "schema_version": {"const": SCHEMA_VERSION},
-        "kind": {"const": "head-bench"},
-        "created": {"type": "string"},
-        "kit": {"type": "object"},
-        "command": {"type": "array", "items": {"type": "string"}},
-        "device": {"type": "object", "required": ["type", "name", "torch", "threads"]},
-        "config": {
-            "type": "object",
-            "required": ["vocab", "hidden", "rows", "fallback", "repeats", "k", "group_size", "seed"],
-        },
-        "results": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": [
-                    "vocab",
-                    "rows",
-                    "impl",
-                    "median_ms",
-                    "samples_ms",
-                    "ratio",
-                    "expected_ratio",
-                    "bytes",
-                    "dense_bandwidth_gbs",
-                    "floor_ms",
-                    "floor_ratio",
-                ],
-                "properties": {
-                    "vocab": {"type": "integer", "minimum": 1},
-                    "rows": {"type": "integer", "minimum": 1},
-                    "impl": {"type": "object"},
-                    "median_ms": {
-                        "type": "object",
-                        "required": ["dense", "path", "coarse", "topk", "refine"],
-                    },
-                    "min_ms": {"type": "object"},
-                    "samples_ms": {"type": "object"},
-                    "candidates_ms": {"type": "object"},
-                    "ratio": {"type": "number", "minimum": 0},
-                    "expected_ratio": {"type": "object", "additionalProperties": {"type": "number"}},
-                    "bytes": {"type": "object", "required": ["dense", "certified"]},
-                    "dense_bandwidth_gbs": {"type": "number", "minimum": 0},
-                    "floor_ms": {"type": "object", "required": ["dense", "certified"]},
-                    "floor_ratio": {"type": "number", "minimum": 0},
-                },
-            },
-        },
-        "notes": {"type": "array", "items": {"type": "string"}},
-        "seconds": {"type": "number", "minimum": 0},
-    },
-}
 
 
 def _torch() -> Any:
@@ -421,17 +357,76 @@ def table(results: Sequence[dict[str, Any]], fallback: Sequence[float], device: 
 
 
 def validate_report(report: dict[str, Any]) -> None:
-    from jsonschema import Draft202012Validator
+    """The report against schemas/head-bench.schema.json; a failure is a bug in this module, not user input."""
+    from draftscope.schema import problems
 
-    errors = sorted(
-        Draft202012Validator(REPORT_SCHEMA).iter_errors(report), key=lambda e: list(e.absolute_path)
-    )
-    if errors:
-        e = errors[0]
-        raise RuntimeError(f"head-bench report: {'/'.join(map(str, e.absolute_path))}: {e.message}")  # a bug
+    found = problems(report, "head-bench")
+    if found:
+        raise RuntimeError(f"head-bench report: {found[0].path}: {found[0].message}")
 
 
-def _device_info(device: str) -> dict[str, Any]:
+# The CPU features a bf16 or INT8 matmul's speed depends on, as /proc/cpuinfo names them.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+
+
+def _cpu_model() -> tuple[str, list[str]]:
+    """The CPU's model name and which of CPU_FEATURES it has (Linux; elsewhere the platform's name and [])."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine(), [f for f in CPU_FEATURES if f in flags]
+
+
+def _memory_mib() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            return next(int(ln.split()[1]) // 1024 for ln in fh if ln.startswith("MemTotal"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def _gpu_info(torch: Any) -> dict[str, Any]:
+    """torch's view of GPU 0, with the driver version from NVML or nvidia-smi where either answers."""
+    props = torch.cuda.get_device_properties(0)
+    gpu: dict[str, Any] = {
+        "name": props.name,
+        "capability": [props.major, props.minor],
+        "memory_mib": props.total_memory // 2**20,
+        "multiprocessors": props.multi_processor_count,
+        "count": torch.cuda.device_count(),
+        "driver": None,
+        "driver_cuda": None,
+        "clocks_sm_max_mhz": None,
+    }
+    try:
+        from draftscope.doctor import gpus_from_nvidia_smi, gpus_from_nvml
+
+        found = gpus_from_nvml() or gpus_from_nvidia_smi()
+    except Exception:  # the driver's facts are a nice-to-have; torch gave the essentials
+        found = None
+    if found:
+        gpu.update(driver=found[0].driver_version, driver_cuda=found[0].cuda_version,
+                   clocks_sm_max_mhz=found[0].clocks_sm_max_mhz)  # fmt: skip
+    return gpu
+
+
+def _device_info(device: str, load_start: float | None = None) -> dict[str, Any]:
+    """The machine, for a self-describing report: device, CPU, memory, software versions, load average."""
     torch = _torch()
     try:
         import triton
@@ -439,17 +434,29 @@ def _device_info(device: str) -> dict[str, Any]:
         triton_version: str | None = triton.__version__
     except ImportError:
         triton_version = None
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as fh:
-                name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), name)
-        except OSError:
-            pass
-    return {"type": device, "name": name, "torch": torch.__version__, "triton": triton_version,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count()}  # fmt: skip
+    cpu, features = _cpu_model()
+    gpu = _gpu_info(torch) if device == "cuda" else None
+    try:
+        affinity: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {
+        "type": device,
+        "name": gpu["name"] if gpu else cpu,
+        "cpu_model": cpu,
+        "cpu_features": features,
+        "cpus": os.cpu_count(),
+        "affinity": affinity,
+        "threads": torch.get_num_threads(),
+        "memory_mib": _memory_mib(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton_version,
+        "gpu": gpu,
+        "load_average": {"start": load_start, "end": _load()},
+    }
 
 
 def _check_memory(device: str, vocab: int, hidden: int) -> None:
@@ -502,6 +509,7 @@ def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidd
     con = console()
     say = (lambda *_: None) if quiet else con.print
     started = time.perf_counter()
+    load_start = _load()
     big = max(vocabs)
     say(
         f"head-bench: random bf16 head {big}×{hidden} on {device}, INT8 per-row scales (chunks of {CHUNK_ROWS})"
@@ -528,15 +536,20 @@ def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidd
     if device == "cpu":
         notes.append("CPU coarse: the faster of torch._weight_int8pack_mm and bf16 tile-dequantize per shape "
                      "(candidates_ms); both round c to bf16, covered by an extra |c|·2^-8 in U")  # fmt: skip
-        notes.append(f"shared CPU: load average {os.getloadavg()[0]:.1f} at the end of the run")
+    machine = _device_info(device, load_start)
+    if device == "cpu":
+        load = machine["load_average"]
+        notes.append(f"shared CPU: 1-minute load average {load['start']} before the heads were built, "
+                     f"{load['end']} at the end, on {machine['affinity']} usable CPU(s)")  # fmt: skip
     report = {
         "schema_version": SCHEMA_VERSION,
         "kind": "head-bench",
         "created": now(),
         "kit": kit_info(),
         "command": command_line(),
-        "device": _device_info(device),
+        "device": machine,
         "config": {
+            "device": device,
             "vocab": vocabs,
             "hidden": int(hidden),
             "rows": row_counts,
