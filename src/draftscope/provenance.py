@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -26,6 +27,9 @@ def _git(*args: str, cwd: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+COMMIT_ENV, DIRTY_ENV = "DRAFTSCOPE_GIT_COMMIT", "DRAFTSCOPE_GIT_DIRTY"
+
+
 def kit_info() -> dict[str, object]:
     """Kit version, and the git commit and dirtiness when running from a checkout (None otherwise)."""
     root = repo_root()
@@ -36,6 +40,10 @@ def kit_info() -> dict[str, object]:
             commit = None
         status = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
         dirty = None if status is None else bool(status)
+    elif re.fullmatch(r"[0-9a-f]{40}", os.environ.get(COMMIT_ENV, "")):
+        # A copy of a checkout without its .git (a lent GPU machine): the commit as its sender stated it.
+        commit = os.environ[COMMIT_ENV]
+        dirty = {"1": True, "0": False}.get(os.environ.get(DIRTY_ENV, ""))
     return {"version": __version__, "git_commit": commit, "git_dirty": dirty}
 
 

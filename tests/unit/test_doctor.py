@@ -404,3 +404,14 @@ def test_unpinned_bases_are_flagged_not_hidden():
     report = doctor.collect(probes())
     expected = [f"not pinned: {line}" for line in unpinned(load_lock())]
     assert [v.split(" (run ")[0] for v in report["verdict"] if v.startswith("not pinned: ")] == expected
+
+
+def test_a_checkout_copy_without_git_takes_the_stated_commit(monkeypatch):
+    from draftscope import provenance
+
+    monkeypatch.setattr(provenance, "repo_root", lambda: None)
+    monkeypatch.setenv(provenance.COMMIT_ENV, "a" * 40)
+    monkeypatch.setenv(provenance.DIRTY_ENV, "1")
+    assert provenance.kit_info()["git_commit"] == "a" * 40 and provenance.kit_info()["git_dirty"] is True
+    monkeypatch.setenv(provenance.COMMIT_ENV, "not-a-sha")
+    assert provenance.kit_info()["git_commit"] is None
