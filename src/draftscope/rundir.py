@@ -401,6 +401,12 @@ def liveness(run: Path, status: str | None = None) -> Liveness:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return Liveness("unknown", {})
+    except OSError:
+        # A run someone else owns, or on read-only storage: flock works on a read-only descriptor too.
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return Liveness("unknown", {})
     try:
         try:
             info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")

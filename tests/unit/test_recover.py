@@ -256,3 +256,18 @@ def test_analysis_says_a_killed_runs_supervisor_is_gone(tmp_path):
     assert "is gone without recording an end" in note and f"invoke recover {run}" in note
     recover(run, say=lambda line: None)
     assert not [n for n in load_run(run).notes if "supervisor" in n]
+
+
+def test_liveness_of_a_run_the_reader_cannot_write(tmp_path, monkeypatch):
+    import draftscope.rundir as rundir_module
+
+    run = killed_run(tmp_path)
+    real_open = os.open
+
+    def no_write(path, flags, *args):  # as for another user's run (root would write anyway)
+        if str(path).endswith(SUPERVISOR) and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(rundir_module.os, "open", no_write)
+    assert liveness(run).state == "gone"
