@@ -27,7 +27,7 @@ from draftscope.taskutil import user_errors
         "partition": "slurm: the partition (config: slurm.partition; per stage: slurm.stages.<stage>.partition)",
         "account": "slurm: the account to charge (slurm.account)",
         "qos": "slurm: the quality of service (slurm.qos)",
-        "nodes": "slurm: nodes for training (srun + torchrun) and shards of regen (a job array); default 1",
+        "nodes": "slurm: nodes for training (srun + torchrun) and shards of regen and hsextract (job arrays); default 1",
     },
 )
 @user_errors

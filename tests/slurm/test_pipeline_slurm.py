@@ -1,7 +1,11 @@
 """The tiny pipeline's CPU stages as real Slurm jobs (`--executor slurm --runtime local`) on a single-node cluster:
-a two-shard regen job array merged by a dependent job, then pretokenize after it (issue #10, acceptance 2 and 3).
+a two-shard regen job array merged by a dependent job, then pretokenize after it (issue #10, acceptance 2 and 3);
+with the speculators environment (`.venv-train`, `make train-env`; or DRAFTSCOPE_TRAIN_PYTHON), the end-to-end run
+goes on through prepare and a two-task hsextract job array followed by its check job.
 
-- the outputs equal a local run's, byte for byte (regen is greedy; one request at a time keeps the order);
+- the outputs equal a local run's, byte for byte (regen is greedy; one request at a time keeps the order; the
+  hidden-state files the two hsextract tasks wrote, and the check job's summary, are a local hsextract's on the
+  same prepared rows);
 - a resubmission submits only what is not complete;
 - a cancelled job leaves no process behind, and the stage records why; Ctrl-C cancels every submitted job;
 - a job past its Slurm time limit marks the stage `timed_out`;
@@ -14,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +31,7 @@ import pytest
 from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
-from support import INVOKE_PIPELINE, port_is_free
+from support import INVOKE_PIPELINE, ROOT, port_is_free
 
 pytest.importorskip("transformers")
 
@@ -46,8 +51,20 @@ def free_ports(count: int) -> int:
     raise AssertionError("no free port block")
 
 
-def pipeline_argv(workdir: Path, *args: str, opts: list[str]) -> list[str]:
-    argv = [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "tiny", "--runtime", "local",
+def train_python() -> str | None:
+    """An interpreter with speculators 0.9.0 and datasets (prepare and hsextract need them; they cap transformers
+    below the kit's host environment), as `.ci/run` and `make demo` set one up; None without one."""
+    found = os.environ.get("DRAFTSCOPE_TRAIN_PYTHON") or str(ROOT / ".venv-train" / "bin" / "python")
+    if not Path(found).is_file():
+        return None
+    code = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
+    probe = subprocess.run([found, "-c", code, "speculators", "datasets", "draftscope"], capture_output=True,
+                           timeout=60, check=False)  # fmt: skip
+    return found if probe.returncode == 0 else None
+
+
+def pipeline_argv(workdir: Path, *args: str, opts: list[str], python: str | None = None) -> list[str]:
+    argv = [python or sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "tiny", "--runtime", "local",
             "--workdir", str(workdir), *args]  # fmt: skip
     for opt in opts:
         argv += ["--opts", opt]
@@ -115,19 +132,42 @@ def squeue(job_ids: list[str]) -> str:
 
 
 def test_a_sharded_run_matches_a_local_run_and_resubmits_only_what_is_incomplete(cluster, tmp_path):
-    port = free_ports(2)
+    port = free_ports(3)  # the Slurm run's two regen shards, and the local run beside them
     opts = ["data.max_rows=12", "regen.concurrency=1", f"regen.base_port={port}", "regen.max_tokens=32"]
-    slurm_opts = [*opts, "slurm.stages.regen.shards=2", "slurm.poll_interval_s=0.5"]
+    slurm_opts = [
+        *opts,
+        "slurm.stages.regen.shards=2",
+        "slurm.stages.hsextract.shards=2",
+        "slurm.poll_interval_s=0.5",
+    ]
+    # prepare and hsextract need speculators and datasets: with the training environment, the run goes on through
+    # a two-task hsextract array (the jobs run the submitting interpreter, so both runs use that one).
+    python = train_python()
+    stages = "regen,pretokenize,prepare,hsextract" if python else "regen,pretokenize"
+    if python is None:
+        print("no speculators environment (make train-env): prepare and hsextract are left out")
     local, cluster_dir = tmp_path / "local", tmp_path / "slurm"
-    done = run(pipeline_argv(local, "--stage", "regen,pretokenize", opts=opts))
-    assert done.returncode == 0, done.stdout + done.stderr
+    # The local run goes on while the jobs run (mostly one core at a time); its regen server on its own port.
+    local_opts = [*opts[:2], f"regen.base_port={port + 2}", *opts[3:]]
+    reference = start(pipeline_argv(local, "--stage", "regen,pretokenize", opts=local_opts, python=python))
 
     started = time.monotonic()
-    argv = pipeline_argv(cluster_dir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=slurm_opts)
+    argv = pipeline_argv(
+        cluster_dir, "--stage", stages, "--executor", "slurm", opts=slurm_opts, python=python
+    )
     done = run(argv)
     seconds = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
     print(f"slurm run: {seconds:.1f} s")
+    finish(reference)
+    hsextract_reference = None
+    if python:
+        # hsextract's local reference reads the rows the Slurm run prepared (prepare is speculators' own step, not
+        # compared here), and runs while the resubmissions below do.
+        shutil.copytree(cluster_dir / "prepare", local / "prepare")
+        hsextract_reference = start(
+            pipeline_argv(local, "--stage", "hsextract", opts=local_opts, python=python)
+        )
 
     # Acceptance 3: the deterministic outputs are the local run's, byte for byte.
     for rel in ("regen/rows.jsonl", "regen/errors.jsonl", "pretokenize/rows.jsonl", "pretokenize/stats.json"):
@@ -137,7 +177,7 @@ def test_a_sharded_run_matches_a_local_run_and_resubmits_only_what_is_incomplete
 
     # The records: the local run's command (so either run skips the other's stage), plus the Slurm job.
     jobs = {j["key"]: j for j in ledger(cluster_dir)["submissions"][-1]["jobs"]}
-    assert [j["status"] for j in jobs.values()] == ["completed"] * 3
+    assert [j["status"] for j in jobs.values()] == ["completed"] * (6 if python else 3)
     regen, merge, pre = jobs["regen"], jobs["regen.merge"], jobs["pretokenize"]
     assert regen["array"] == "0-1" and sorted(t["job_id"] for t in regen["tasks"]) == [
         f"{regen['job_id']}_0", f"{regen['job_id']}_1"]  # fmt: skip
@@ -152,22 +192,70 @@ def test_a_sharded_run_matches_a_local_run_and_resubmits_only_what_is_incomplete
                  f"slurm-regen.merge-{merge['job_id']}.out", f"slurm-pretokenize-{pre['job_id']}.out"):  # fmt: skip
         assert (cluster_dir / "logs" / name).is_file(), name
     assert_nothing_left(cluster_dir, [port, port + 1], timeout=5)
-    # The records hold a local run's command: a local run in the same workdir skips both stages.
-    here = run(pipeline_argv(cluster_dir, "--stage", "regen,pretokenize", opts=opts))
-    assert here.returncode == 0 and "regen: skipped" in here.stdout and "pretokenize: skipped" in here.stdout
+    # The records hold a local run's command: a local run in the same workdir skips every stage.
+    here = run(pipeline_argv(cluster_dir, "--stage", stages, opts=opts, python=python))
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert [s for s in stages.split(",") if f"{s}: skipped" not in here.stdout] == [], here.stdout
 
     # A resubmission of a complete pipeline submits nothing; of a partly complete one, only the rest.
     again = run(argv)
     assert again.returncode == 0, again.stderr
-    assert "regen: skipped" in again.stdout and "pretokenize: skipped" in again.stdout
+    assert [s for s in stages.split(",") if f"{s}: skipped" not in again.stdout] == [], again.stdout
     assert len(ledger(cluster_dir)["submissions"]) == 1
     (cluster_dir / "stages" / "pretokenize.json").unlink()
-    rest = run(argv)
+    rest = run(pipeline_argv(cluster_dir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=slurm_opts,
+                             python=python))  # fmt: skip
     assert rest.returncode == 0, rest.stdout + rest.stderr
     assert "regen: skipped" in rest.stdout and re.search(
         r"submitted 1 job\(s\): pretokenize \d+", rest.stdout
     )
     assert sha256(cluster_dir / "pretokenize" / "rows.jsonl") == sha256(local / "pretokenize" / "rows.jsonl")
+    if hsextract_reference is not None:
+        finish(hsextract_reference)
+        check_hsextract_array(local, cluster_dir, jobs)
+
+
+def start(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> None:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+
+
+def check_hsextract_array(local: Path, cluster_dir: Path, jobs: dict) -> None:
+    """hsextract ran as a two-task job array writing into one folder, then its check job: the files are a local
+    run's, byte for byte, and so is the summary the check job wrote."""
+    array, check, prepare = jobs["hsextract"], jobs["hsextract.check"], jobs["prepare"]
+    assert array["array"] == "0-1" and array["dependency"] == f"afterok:{prepare['job_id']}"
+    assert sorted(t["job_id"] for t in array["tasks"]) == [f"{array['job_id']}_0", f"{array['job_id']}_1"]
+    assert check["dependency"] == f"afterany:{array['job_id']}"
+    names = sorted(p.name for p in (local / "hidden_states").iterdir())
+    assert len(names) == 12 and sorted(p.name for p in (cluster_dir / "hidden_states").iterdir()) == names
+    for name in names:
+        assert sha256(cluster_dir / "hidden_states" / name) == sha256(local / "hidden_states" / name), name
+    assert sha256(cluster_dir / "hsextract" / "summary.json") == sha256(local / "hsextract" / "summary.json")
+    # each task took its block of the rows (6 + 6) and wrote its own summary and result
+    for shard in (0, 1):
+        own = read_json(cluster_dir / "hsextract" / "shards" / str(shard) / "summary.json")
+        assert (own["rows"], own["files"]) == (6, 6)
+        assert (
+            read_json(cluster_dir / "slurm" / "shards" / "hsextract" / f"{shard}.json")["status"]
+            == "completed"
+        )
+        assert (cluster_dir / "logs" / f"slurm-hsextract-{array['job_id']}_{shard}.out").is_file()
+    record = read_json(cluster_dir / "stages" / "hsextract.json")
+    assert problems(record, "stage-record") == [] and record["status"] == "completed"
+    assert record["slurm"]["job_id"] == check["job_id"] and record["slurm"]["array_job_id"] == array["job_id"]
+    shown = [a.replace(str(cluster_dir), str(local)) for a in record["argv"]]
+    assert shown == read_json(local / "stages" / "hsextract.json")["argv"]  # the local run's command
+    assert record["counts"]["written"] == 12 and record["counts"]["shards"] == 2
+    assert f"Slurm job array {array['job_id']} of 2 task(s)" in record["notes"][-1]
 
 
 # --- stopping jobs --------------------------------------------------------------------------------------------------

@@ -49,21 +49,27 @@ def sbatch_lines(script: str) -> dict[str, str]:
 # --- jobs and scripts -------------------------------------------------------------------------------------------
 
 
-def test_one_job_per_stage_in_order_with_an_array_and_a_merge_for_regen():
+def test_one_job_per_stage_in_order_with_arrays_for_regen_and_hsextract():
     jp = build(slurm={"nodes": 2})
     assert [(j.key, j.kind) for j in jp.jobs] == [
         ("regen", "shards"), ("regen.merge", "merge"), ("pretokenize", "step"), ("prepare", "step"),
-        ("hsextract", "step"), ("train", "torchrun"), ("convert", "step"), ("serve", "step"), ("bench", "step"),
+        ("hsextract", "shards"), ("hsextract.check", "check"), ("train", "torchrun"), ("convert", "step"),
+        ("serve", "step"), ("bench", "step"),
     ]  # fmt: skip
     deps = {j.key: (j.after_ok, j.after_any) for j in jp.jobs}
     assert deps["regen"] == ((), ())
     assert deps["regen.merge"] == ((), ("regen",))  # runs however the shards ended, to record it
     assert deps["pretokenize"] == (("regen.merge",), ())
+    assert deps["hsextract"] == (("prepare",), ())
+    assert deps["hsextract.check"] == ((), ("hsextract",))
+    assert deps["train"] == (("hsextract.check",), ())
     keys = [j.key for j in jp.jobs]
-    for before, after in itertools.pairwise(keys[2:]):
+    for before, after in [*itertools.pairwise(keys[2:5]), *itertools.pairwise(keys[6:])]:
         assert deps[after] == ((before,), ())
     assert jobs.dependency(jp.job("regen.merge"), {"regen": "41"}) == "afterany:41"
-    assert jobs.dependency(jp.job("train"), {"hsextract": "44"}) == "afterok:44"
+    assert jobs.dependency(jp.job("hsextract.check"), {"hsextract": "44"}) == "afterany:44"
+    assert jobs.dependency(jp.job("train"), {"hsextract.check": "45"}) == "afterok:45"
+    assert jp.job("hsextract").shards == 2 and jp.job("hsextract").array == "0-1"
 
 
 def test_gpu_steps_take_whole_nodes_and_cpu_steps_one_cpu():
@@ -246,7 +252,7 @@ def test_a_job_rebuilds_the_submitted_plan_and_refuses_another(tmp_path):
     ("opt", "message"),
     [
         ("slurm.stages.regen.nodes=2", "only the train stage spans several nodes"),
-        ("slurm.stages.train.shards=2", "only regen runs as a job array"),
+        ("slurm.stages.train.shards=2", "only regen and hsextract run as a job array"),
         ("slurm.partition='gpu nodes'", "slurm.partition"),
         ("slurm.mem=64GB", "slurm.mem"),
         ("slurm.stages.trian.nodes=2", "slurm.stages"),
@@ -283,25 +289,32 @@ def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_i
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.count("#!/bin/bash") == 10 and out.count("#SBATCH --partition=gpu") == 10
-    assert "#SBATCH --array=0-1" in out and out.count("#SBATCH --array=") == 1
+    assert out.count("#!/bin/bash") == 11 and out.count("#SBATCH --partition=gpu") == 11
+    assert out.count("#SBATCH --array=0-1") == 2 and out.count("#SBATCH --array=") == 2  # regen and hsextract
     assert "srun --nodes=" in out and "torchrun --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID" in out
     submitted = [line for line in out.splitlines() if "=$(sbatch --parsable" in line]
     names = [line.split("=", 1)[0] for line in submitted]
-    assert names == ["fetch", "regen", "regen_merge", "pretokenize", "prepare", "hsextract", "train", "convert",
-                     "serve", "bench"]  # fmt: skip
+    assert names == ["fetch", "regen", "regen_merge", "pretokenize", "prepare", "hsextract", "hsextract_check",
+                     "train", "convert", "serve", "bench"]  # fmt: skip
     assert "--dependency" not in submitted[0]
     assert "--dependency=afterok:$fetch --kill-on-invalid-dep=yes" in submitted[1]
     assert "--dependency=afterany:$regen --kill-on-invalid-dep=yes" in submitted[2]
+    assert "--dependency=afterany:$hsextract --kill-on-invalid-dep=yes" in submitted[6]
     for before, line in zip(names[2:], submitted[3:], strict=False):
-        assert f"--dependency=afterok:${before} --kill-on-invalid-dep=yes" in line
+        if not line.startswith("hsextract_check="):
+            assert f"--dependency=afterok:${before} --kill-on-invalid-dep=yes" in line
+    assert "hsextract.check.sbatch" in submitted[6] and '"${kit[@]}" check "${args[@]}" &' in out
     assert list(cwd.iterdir()) == []  # no workdir, no file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "tripwire"]
     assert (
         elapsed < 3.0
     )  # the command itself takes well under a second; the bound absorbs a loaded CI machine
     plain = run_task("--stage", "all", "--executor", "slurm", "--dry-run", cwd=cwd, extra_env=env)
-    assert plain.returncode == 0 and "#SBATCH --array=0-0" in plain.stdout and "srun --nodes=" in plain.stdout
+    assert (
+        plain.returncode == 0
+        and plain.stdout.count("#SBATCH --array=0-0") == 2
+        and "srun --nodes=" in plain.stdout
+    )
     assert list(cwd.iterdir()) == []
 
 

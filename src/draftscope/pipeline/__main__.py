@@ -6,7 +6,8 @@ completion record. Heavy libraries are imported lazily inside the command that n
 
 - `exec STAGE -- ARGV…`: run an upstream command (speculators prepare-data, torchrun …) unchanged, forwarding
   SIGTERM/SIGINT to it, and record how it ended.
-- `pretokenize`, `convert`, `hsextract-transformers`: the kit's own stage code.
+- `pretokenize`, `convert`, `hsextract-transformers`: the kit's own stage code; `hsextract-check`: after a Slurm
+  job array of hsextract, every row's file and sampled shapes checked, the stage's summary written.
 - `regen`, `hsextract`, `serve`, `bench`: start the servers listed in the stage's commands file (`servers.py`), wait
   for their health, run the clients, stop the servers.
 - `tinyserve`: the tiny target behind a loopback OpenAI-compatible chat endpoint (the CPU path's regen server).
@@ -126,6 +127,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", required=True)
     p.add_argument("--layer-ids", type=int, nargs="+", required=True)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--world-size", type=int, default=None, help="with --rank: only that block of the rows")
+    p.add_argument("--rank", type=int, default=None)
     from draftscope.pipeline import hsextract_runner, regen_client, sglang_stages, tinyserve
 
     regen_client.add_arguments(
@@ -133,6 +136,10 @@ def parser() -> argparse.ArgumentParser:
     )
     hsextract_runner.add_arguments(
         command("hsextract", _kit("hsextract", hsextract_runner.main), "vLLM hidden-state servers + clients")
+    )
+    check = _kit("hsextract", hsextract_runner.check_main)
+    hsextract_runner.add_check_arguments(
+        command("hsextract-check", check, "check a Slurm job array's hidden states, write the summary")
     )
     sglang_stages.add_serve_arguments(
         command("serve", _kit("serve", sglang_stages.serve_main), "SGLang instances")

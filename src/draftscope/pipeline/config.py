@@ -150,7 +150,7 @@ class SlurmStageOptions:
     account: str | None = None
     qos: str | None = None
     nodes: int | None = None  # train only: nodes for srun + torchrun
-    shards: int | None = None  # regen only: array tasks, each a shard of the rows on its own node
+    shards: int | None = None  # regen and hsextract: array tasks, each a shard of the rows on its own node
     time_limit_s: float | None = None  # Slurm's --time (whole minutes, rounded up)
     cpus_per_task: int | None = None
     mem: str | None = None  # sbatch --mem: per node, e.g. 64G; 0 = all of the node's memory
@@ -163,7 +163,7 @@ class SlurmOptions:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    nodes: int = 1  # train's nodes and regen's shards, unless a stage says otherwise
+    nodes: int = 1  # train's nodes, regen's and hsextract's shards, unless a stage says otherwise
     cpus_per_task: int | None = None
     mem: str | None = None
     rdzv_port: int = 29500  # torchrun's c10d rendezvous on the first node of a training job
@@ -302,11 +302,12 @@ def check(config: PipelineConfig, preset: ModelPreset, source: str) -> None:
                 source=source,
                 field=f"slurm.stages.{stage}.nodes",
                 value=options.nodes,
-                fix="remove it" + ("; regen uses slurm.stages.regen.shards" if stage == "regen" else ""),
+                fix="remove it"
+                + (f"; {stage} uses slurm.stages.{stage}.shards" if stage in ("regen", "hsextract") else ""),
             )
-        if options.shards is not None and stage != "regen":
+        if options.shards is not None and stage not in ("regen", "hsextract"):
             raise UserError(
-                "only regen runs as a job array of shards",
+                "only regen and hsextract run as a job array of shards",
                 source=source,
                 field=f"slurm.stages.{stage}.shards",
                 value=options.shards,

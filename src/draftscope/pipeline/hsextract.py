@@ -11,6 +11,10 @@ The `tiny` preset (CPU): a Transformers extractor writes the same files — `hs_
 and `hidden_states [T, n_aux + 1, H]`, the auxiliary layers in order and the final layer last.
 
 Output: `hidden_states/hs_<row>.safetensors` and `hsextract/summary.json` (schema `stage-hsextract`).
+
+Under Slurm (`slurm/shards.py`) the stage is a job array: task I of N runs this step on its contiguous block of rows
+(real presets: the clients' `--world-size N*k --rank I*k+i`; tiny: the extractor's `--world-size N --rank I`),
+writing into the same `hidden_states/`; a check job then runs `check_argv` (`hsextract-check`) over the whole output.
 """
 
 from __future__ import annotations
@@ -39,13 +43,14 @@ def uses_vllm(ctx: StageContext) -> bool:
     return not ctx.cpu
 
 
-def server_command(ctx: StageContext, inst) -> Command:
+def server_command(ctx: StageContext, inst, scratch: str | None = None) -> Command:
+    """`scratch`: where vLLM's connector writes (default `hsextract/scratch-<i>`; a Slurm array task has its own)."""
     opts = ctx.config.hsextract
     argv = [
         "python", f"{ctx.layout.scripts}/launch_vllm.py", ctx.layout.model,
         "--hidden-states-backend", "file",
         # vLLM's connector writes here; the client moves each row's file into the output folder.
-        "--hidden-states-path", ctx.layout.at("hsextract", f"scratch-{inst.index}"),
+        "--hidden-states-path", scratch or ctx.layout.at("hsextract", f"scratch-{inst.index}"),
         "--target-layer-ids", *map(str, speculators_layer_ids(ctx.preset)),
         "--include-last-layer",
         "--",
@@ -61,7 +66,9 @@ def server_command(ctx: StageContext, inst) -> Command:
     return Command(f"server-{inst.index}", tuple(argv), env=inst.env(), gpus=inst.gpus, port=inst.port)
 
 
-def client_command(ctx: StageContext, inst, world_size: int) -> Command:
+def client_command(ctx: StageContext, inst, world_size: int, rank: int | None = None) -> Command:
+    """`rank`: this client's contiguous block of rows (default the instance's index; a Slurm array task I of
+    instances-per-task k has ranks I*k + i of a world of N*k)."""
     opts = ctx.config.hsextract
     argv = [
         "python", "-m", "speculators", "generate-offline-data",
@@ -73,7 +80,7 @@ def client_command(ctx: StageContext, inst, world_size: int) -> Command:
         "--fail-on-error",
         "--validate-outputs",
         "--world-size", str(world_size),
-        "--rank", str(inst.index),
+        "--rank", str(inst.index if rank is None else rank),
     ]  # fmt: skip
     if opts.request_timeout_s:
         argv += ["--request-timeout", str(opts.request_timeout_s)]
@@ -102,6 +109,21 @@ def argv(ctx: StageContext) -> list[str]:
     return kit_argv(ctx, NAME, "hsextract-transformers", [
         "--model", ctx.layout.model, *common, "--dtype", ctx.config.train.hidden_states_dtype,
     ])  # fmt: skip
+
+
+def check_argv(ctx: StageContext) -> list[str]:
+    """The whole-output check of a Slurm job array's result (`python -m draftscope.pipeline hsextract-check`):
+    every row has its file, sampled shapes; writes the stage's summary and result as a single run does."""
+    args = [
+        "--data", ctx.layout.at("prepare"),
+        "--output", ctx.layout.at("hidden_states"),
+        "--summary", ctx.layout.at("hsextract", "summary.json"),
+        "--layer-ids", *map(str, captured_layer_ids(ctx.preset)),
+        "--extractor", "vllm" if uses_vllm(ctx) else "transformers",
+    ]  # fmt: skip
+    if uses_vllm(ctx):
+        args += ["--hidden-size", str(ctx.preset.architecture.hidden_size)]
+    return kit_argv(ctx, NAME, "hsextract-check", args)
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:

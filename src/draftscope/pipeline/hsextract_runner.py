@@ -5,11 +5,16 @@ state extraction method) and a client (`speculators generate-offline-data --worl
 servers, waits for vLLM's `/health`, runs the clients side by side (a server dying fails the stage at once), and
 then checks the output folder itself rather than trusting exit codes: every row of the prepared dataset has its
 `hs_<row>.safetensors`, and a sample of files has the captured layer count and the target's hidden size.
+
+The rows checked are those the clients cover (`--world-size`/`--rank`, speculators' contiguous split): all of them in
+a run of the whole stage; one block in a task of a Slurm job array, whose check job (`check_main`,
+`hsextract-check`) then checks the whole output and writes the stage's summary.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logs", default=None)
 
 
+def block(total: int, world_size: int, rank: int) -> range:
+    """The rows of `rank` among `world_size`: speculators' `get_indices_to_process` split (contiguous blocks, the
+    first `total % world_size` one row longer). The ranks of a world partition the rows."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise UserError(f"rank {rank} is outside a world of {world_size}", field="--rank",
+                        fix="0 <= rank < world size")  # fmt: skip
+    chunk, extra = divmod(total, world_size)
+    start = rank * chunk + min(rank, extra)
+    return range(start, start + chunk + (1 if rank < extra else 0))
+
+
+def client_rows(commands: Sequence[Any], total: int) -> int | list[int]:
+    """The rows the clients cover: `total` (every row) when their ranks make up the whole world, else the rows of
+    their blocks."""
+    shares: set[tuple[int, int]] = set()
+    for command in commands:
+        argv = list(command.argv)
+        if "--world-size" in argv and "--rank" in argv:
+            shares.add((int(argv[argv.index("--world-size") + 1]), int(argv[argv.index("--rank") + 1])))
+    worlds = {w for w, _ in shares}
+    if not shares or (len(worlds) == 1 and {r for _, r in shares} == set(range(next(iter(worlds))))):
+        return total
+    return sorted({row for w, r in shares for row in block(total, w, r)})
+
+
 def dataset_rows(path: Path) -> int:
     try:
         from datasets import load_from_disk
@@ -39,19 +69,21 @@ def dataset_rows(path: Path) -> int:
 
 
 def check_files(
-    output: Path, rows: int, layer_ids: list[int], hidden_size: int | None
+    output: Path, rows: int | Sequence[int], layer_ids: list[int], hidden_size: int | None
 ) -> tuple[int, int, str]:
-    """(files, hidden size, dtype) after checking: no row without its file, and sampled files' shapes."""
+    """(files, hidden size, dtype) after checking: no row without its file, and sampled files' shapes. `rows`: the
+    dataset's row count (every row; files counts every file in `output`), or the rows to check (files counts theirs)."""
     from safetensors import safe_open
 
-    absent = [r for r in range(rows) if not (output / f"hs_{r}.safetensors").is_file()]
+    wanted = range(rows) if isinstance(rows, int) else list(rows)
+    absent = [r for r in wanted if not (output / f"hs_{r}.safetensors").is_file()]
     if absent:
         shown = ", ".join(map(str, absent[:10]))
         raise UserError(f"{len(absent)} row(s) have no hidden-state file (rows {shown})", source=str(output),
                         fix="rerun the stage; the clients skip rows whose file exists")  # fmt: skip
-    step = max(1, rows // SAMPLED_FILES)
+    step = max(1, len(wanted) // SAMPLED_FILES)
     size, dtype = hidden_size or 0, ""
-    for row in range(0, rows, step):
+    for row in wanted[::step]:
         path = output / f"hs_{row}.safetensors"
         with safe_open(str(path), framework="pt") as handle:
             keys = set(handle.keys())
@@ -69,7 +101,8 @@ def check_files(
         if size and shape[2] != size:
             raise UserError(f"hidden size {shape[2]}, expected {size}", source=str(path), field="hidden_size")
         size = shape[2]
-    return len(list(output.glob("hs_*.safetensors"))), size, dtype
+    files = len(list(output.glob("hs_*.safetensors"))) if isinstance(rows, int) else len(wanted)
+    return files, size, dtype
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,7 +114,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     logs = Path(args.logs) if args.logs else Path(args.commands).parent.parent / "logs"
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    rows = dataset_rows(Path(args.data))
+    total = dataset_rows(Path(args.data))
+    rows = client_rows(clients_of(commands), total)
+    count = rows if isinstance(rows, int) else len(rows)
     before = len(list(output.glob("hs_*.safetensors")))
     with serving(commands, logs=logs, stage="hsextract", startup_timeout=args.startup_timeout) as group:
         codes = run_clients(commands, logs=logs, stage="hsextract", group=group)
@@ -93,7 +128,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     files, hidden, dtype = check_files(output, rows, args.layer_ids, args.hidden_size)
     summary = {
         "schema_version": 1,
-        "rows": rows,
+        "rows": count,
         "files": files,
         "layer_ids": list(args.layer_ids),
         "hidden_size": hidden,
@@ -103,4 +138,39 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     check(summary, "stage-hsextract", args.summary)
     Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(args.summary), summary)
-    return {"rows": rows, "files": files, "written": files - before, "skipped": before}
+    if isinstance(rows, int):
+        return {"rows": count, "files": files, "written": files - before, "skipped": before}
+    return {"rows": count, "files": files}  # a block of a shared folder: other tasks write there too
+
+
+def add_check_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="the prepared dataset (speculators prepare-data output)")
+    p.add_argument("--output", required=True)
+    p.add_argument("--summary", required=True)
+    p.add_argument("--layer-ids", type=int, nargs="+", required=True)
+    p.add_argument("--hidden-size", type=int, default=None, help="checked against the files when given")
+    p.add_argument("--extractor", choices=("vllm", "transformers"), required=True)
+
+
+def check_main(args: argparse.Namespace) -> dict[str, Any]:
+    """`hsextract-check`, after a Slurm job array: every row of the dataset has its file, sampled shapes; the
+    stage's summary as a single run writes it."""
+    from draftscope.jsonio import atomic_write_json
+    from draftscope.schema import check
+
+    output = Path(args.output)
+    rows = dataset_rows(Path(args.data))
+    files, hidden, dtype = check_files(output, rows, args.layer_ids, args.hidden_size)
+    summary = {
+        "schema_version": 1,
+        "rows": rows,
+        "files": files,
+        "layer_ids": list(args.layer_ids),
+        "hidden_size": hidden,
+        "extractor": args.extractor,
+        "dtype": dtype,
+    }
+    check(summary, "stage-hsextract", args.summary)
+    Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(args.summary), summary)
+    return {"rows": rows, "files": files}

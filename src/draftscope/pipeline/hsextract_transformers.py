@@ -7,7 +7,8 @@ stream after that layer, before the final norm — in the order given, the final
 applies the final norm to its last entry, so the values are taken with forward hooks on the decoder layers instead.
 
 Resumable like speculators' client: a row whose file exists is skipped; each file is written to a temporary name
-and renamed, so a killed run leaves only whole files.
+and renamed, so a killed run leaves only whole files. `--world-size N --rank I` (a task of a Slurm job array) takes
+only block I of N of the rows, split as speculators' client splits them (`hsextract_runner.block`).
 """
 
 from __future__ import annotations
@@ -82,15 +83,24 @@ def extract(
     return counts
 
 
-def prepared_rows(path: Path) -> Iterator[tuple[int, list[int]]]:
-    """(row index, input_ids) of a speculators prepare-data folder (a `datasets.save_to_disk` dataset)."""
+def prepared_rows(
+    path: Path, world_size: int | None = None, rank: int | None = None
+) -> Iterator[tuple[int, list[int]]]:
+    """(row index, input_ids) of a speculators prepare-data folder (a `datasets.save_to_disk` dataset); with
+    `world_size` and `rank`, only that rank's block."""
+    from draftscope.pipeline.hsextract_runner import block
+
     try:
         from datasets import load_from_disk
     except ImportError as exc:
         raise MissingDependency(exc.name or "datasets", image="train") from None
     dataset = load_from_disk(str(path))
-    for index, row in enumerate(dataset):
-        yield index, [int(t) for t in row["input_ids"]]
+    if world_size is None:
+        for index, row in enumerate(dataset):
+            yield index, [int(t) for t in row["input_ids"]]
+        return
+    for index in block(len(dataset), world_size, rank or 0):
+        yield index, [int(t) for t in dataset[index]["input_ids"]]
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,8 +116,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         args.model, local_files_only=True, dtype=torch.float32
     ).eval()
     output = Path(args.output)
-    counts = extract(model, prepared_rows(Path(args.data)), output, args.layer_ids, args.dtype)
-    files = len(list(output.glob("hs_*.safetensors")))
+    world_size, rank = getattr(args, "world_size", None), getattr(args, "rank", None)
+    if (world_size is None) != (rank is None):
+        raise UserError("--world-size and --rank go together", field="--rank")
+    if world_size is None:
+        counts = extract(model, prepared_rows(Path(args.data)), output, args.layer_ids, args.dtype)
+        files = len(list(output.glob("hs_*.safetensors")))
+    else:  # a block of a shared folder: only this block's files are this run's
+        rows = list(prepared_rows(Path(args.data), world_size, rank))
+        counts = extract(model, rows, output, args.layer_ids, args.dtype)
+        files = sum(1 for row, _ in rows if file_for(output, row).is_file())
     summary = {
         "schema_version": 1,
         "rows": counts["rows"],

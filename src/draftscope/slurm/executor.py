@@ -7,8 +7,9 @@
 2. Stages whose record says they completed with the same command and inputs are not submitted; from the first
    stage that is not complete on, every selected stage is (each job still skips itself if its record is
    complete when it starts, as a local run does).
-3. Submission: `sbatch --parsable`, each job after the previous stage's (`afterok`; a job array's merge after the
-   array with `afterany`); `--kill-on-invalid-dep=yes` cancels the rest of the chain when a stage fails.
+3. Submission: `sbatch --parsable`, each job after the previous stage's (`afterok`; the job after a job array,
+   regen's merge or hsextract's check, with `afterany`); `--kill-on-invalid-dep=yes` cancels the rest of the chain
+   when a stage fails.
    `slurm/jobs.json` keeps every submission's job ids, states and log files.
 4. Following: `scontrol show job -o` per job every `slurm.poll_interval_s`; state changes are printed. Ctrl-C
    cancels every submitted job that has not ended (`scancel`) and waits for them to end.
@@ -157,7 +158,7 @@ def complete_prefix(plan: PipelinePlan, runtime: Runtime, force: bool) -> tuple[
 def prepare(jp: jobs.JobPlan, *, force: bool) -> None:
     """The files the jobs read: plan.json, the job scripts, the logs folder (Slurm does not create it: a job
     whose output folder is missing fails without a word). A job array's stale shard outcomes are removed, so
-    the merge job reads only this submission's."""
+    the merge or check job reads only this submission's."""
     planfile.write(jp, force=force)
     (jp.plan.workdir / jobs.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     for job in jp.jobs:

@@ -4,9 +4,11 @@ written and nothing is run here, so the dry run prints exactly what a submission
 One job per stage, in stage order, each depending on the one before (`--dependency=afterok:<id>`):
 - `step`: the stage's Step, resources from it (GPUs as `--gres=gpu:N`; "all GPUs" as the whole node: the
   config's `gpus`, `--exclusive`, `--mem=0`), the time limit from the stage's.
-- `shards` (regen): a job array, one task per shard of the rows (row k → shard k mod N), each on its own node,
-  then a `merge` job (`afterany`: it runs even when a shard failed, to record how) that checks every row is
-  accounted for, merges the shards' files into the stage's outputs and writes the stage record.
+- `shards` (regen, hsextract): a job array, one task per shard of the rows (regen: row k → shard k mod N;
+  hsextract: speculators' contiguous blocks by world size and rank), each on its own node, then one job `afterany` (it runs
+  even when a shard failed, to record how) that writes the stage record: regen's `merge` checks every row is
+  accounted for and merges the shards' files into the stage's outputs; hsextract's `check` runs the whole-output
+  check in the stage's image (every row has its file; the tasks wrote into the shared folder).
 - `torchrun` (train on GPUs): `srun` starts one task per node; each runs the step with torchrun's `--standalone`
   replaced by a c10d rendezvous at the allocation's first node.
 
@@ -37,7 +39,9 @@ LOGS_DIR = "logs"
 # The runtime stops a step at the stage's own time limit and records `timed_out` itself; Slurm's limit comes a
 # minute later (whole minutes, rounded up) as the backstop for a job that cannot stop.
 TIME_MARGIN_S = 60.0
-MERGE_MINUTES = 30  # the merge job reads and writes the regenerated rows once
+MERGE_MINUTES = 30  # a merge job reads and writes regen's rows once; a check job lists the files once
+# The stages that run as a job array, and the job that follows the array: (key suffix, kind).
+ARRAY_STAGES = {"regen": ("merge", "merge"), "hsextract": ("check", "check")}
 # Placeholders in the torchrun line of a multi-node job, filled in on each node (see `torchrun_argv`).
 NNODES, NODE_RANK, JOB_ID, HEAD = "$SLURM_NNODES", "$SLURM_NODEID", "$SLURM_JOB_ID", "$head_node"
 
@@ -59,7 +63,7 @@ class Resources:
 class Job:
     key: str  # file and variable names: "regen", "regen.merge", "train", "fetch"
     stage: str  # a stage name, or "fetch"
-    kind: str  # step | shards | merge | torchrun | fetch
+    kind: str  # step | shards | merge | check | torchrun | fetch
     name: str  # --job-name
     resources: Resources
     shards: int = 0  # array tasks (kind shards; 0 otherwise)
@@ -103,7 +107,7 @@ class JobPlan:
 
 
 def kind_of(sp: StagePlan) -> str:
-    if sp.stage.name == "regen":
+    if sp.stage.name in ARRAY_STAGES:
         return "shards"
     if sp.stage.name == "train" and _torchrun_at(sp.step.argv) is not None:
         return "torchrun"
@@ -259,13 +263,24 @@ def build(
             shards = opts.shards or 1
             jobs.append(Job(name, name, "shards", f"{prefix}-{name}", res, shards=shards, after_ok=previous,
                             about=_describe(sp, runtime, ctx, config, kind, shards=shards)))  # fmt: skip
+            suffix, after = ARRAY_STAGES[name]
             merge_res = Resources(cpus_per_task=1, minutes=MERGE_MINUTES, partition=res.partition,
                                   account=res.account, qos=res.qos)  # fmt: skip
-            jobs.append(Job(f"{name}.merge", name, "merge", f"{prefix}-{name}.merge", merge_res,
-                            after_any=(name,), about=(
-                                f"account for every row of the {shards} shard(s) (ok + errors == input), merge "
-                                f"their files into {name}/ and write stages/{name}.json",)))  # fmt: skip
-            previous = (f"{name}.merge",)
+            if after == "merge":
+                about: tuple[str, ...] = (
+                    f"account for every row of the {shards} shard(s) (ok + errors == input), merge their files "
+                    f"into {name}/ and write stages/{name}.json",)  # fmt: skip
+            else:
+                from draftscope.slurm.shards import check_step
+
+                check = check_step(sp, plan.context)
+                about = (f"check that the {shards} task(s) completed, then every row has its "
+                         f"hidden_states/hs_<row>.safetensors (sampled shapes); write {name}/summary.json and "
+                         f"stages/{name}.json, or record the stage failed naming the failed tasks or missing rows:",
+                         "  " + display(runtime.argv(check, ctx)))  # fmt: skip
+            jobs.append(Job(f"{name}.{suffix}", name, after, f"{prefix}-{name}.{suffix}", merge_res,
+                            after_any=(name,), about=about))  # fmt: skip
+            previous = (f"{name}.{suffix}",)
             continue
         if kind == "step" and name == "train" and (opts.nodes or 1) > 1:
             raise UserError(
@@ -295,7 +310,22 @@ def _describe(sp: StagePlan, runtime: Runtime, ctx: Context, config: PipelineCon
         lines.append("  " + display(rt.argv(template.step, ctx)))
         return tuple(lines)
     lines.append("  " + display(runtime.argv(sp.step, ctx)))
-    if kind == "shards":
+    if kind == "shards" and name == "hsextract":
+        servers = sum(1 for c in sp.commands if c.port is not None)
+        if servers:
+            lines.append(
+                f"array task I of {shards} runs it on its clients' blocks of the rows: they get --world-size "
+                f"{shards}*{servers} --rank I*{servers}+i, its servers ports + I*{servers} and scratch "
+                f"{name}/shards/I/scratch-i; it writes into hidden_states/ with its own --commands, --result, "
+                f"--logs and --summary ({name}/shards/I/summary.json)"
+            )
+        else:
+            lines.append(
+                f"array task I of {shards} runs it on block I of {shards} of the rows (--world-size {shards} "
+                f"--rank I), writing into hidden_states/ with its own --result and --summary "
+                f"({name}/shards/I/summary.json)"
+            )
+    elif kind == "shards":
         servers = sum(1 for c in sp.commands if c.port is not None)
         lines.append(
             f"array task I of {shards} runs it on rows k with k mod {shards} == I (--shard I --shards {shards}), "
@@ -319,7 +349,7 @@ def display(argv: Sequence[str]) -> str:
 
 
 def render(jp: JobPlan, job: Job) -> str:
-    """The job script: #SBATCH lines, what it runs (comments), then the kit's `run-step` (or `merge`) with a
+    """The job script: #SBATCH lines, what it runs (comments), then the kit's `run-step` (`merge`, `check`) with a
     SIGTERM trap that removes the step's container before the job ends (scancel alone leaves it running)."""
     res = job.resources
     workdir = jp.plan.workdir
@@ -329,8 +359,9 @@ def render(jp: JobPlan, job: Job) -> str:
     args = f"--plan {q(str(jp.plan_file))} --stage {q(job.stage)}"
     if job.array:
         args += ' --shard "$SLURM_ARRAY_TASK_ID"'
-    command = "merge" if job.kind == "merge" else "run-step"
+    command = job.kind if job.kind in ("merge", "check") else "run-step"
     container = jp.runtime != "local" and job.kind != "merge"
+    cleanup = "cleanup --check" if job.kind == "check" else "cleanup"
     if job.kind == "torchrun":
         port = jp.plan.config.slurm.rdzv_port
         gres = f" --gres=gpu:{res.gpus}" if res.gpus else ""
@@ -341,7 +372,7 @@ def render(jp: JobPlan, job: Job) -> str:
         ]
     else:
         launch = [f'"${{kit[@]}}" {command} "${{args[@]}}" &']
-    body = job_body(jp.python, args, launch, cleanup="cleanup" if container else None)
+    body = job_body(jp.python, args, launch, cleanup=cleanup if container else None)
     return "\n".join([*head, "#", *about, *body]) + "\n"
 
 
@@ -406,7 +437,7 @@ def job_body(python: str, args: str, launch: Sequence[str], *, cleanup: str | No
 
 
 def dependency(job: Job, ids: dict[str, str]) -> str | None:
-    """`afterok:<id>[:<id>…]` (and `afterany:` for a merge), from the ids of the jobs it waits for."""
+    """`afterok:<id>[:<id>…]` (and `afterany:` for a merge or check), from the ids of the jobs it waits for."""
     parts = []
     if job.after_ok:
         parts.append("afterok:" + ":".join(ids[k] for k in job.after_ok))

@@ -1,5 +1,6 @@
 """Inside a Slurm job: run one stage (or one shard, or one node's part of training) through the runtime, merge
-a job array's shards, run a benchmark's supervisor (`run_benchmark`), or remove a job's container.
+regen's shards or check hsextract's whole output after a job array, run a benchmark's supervisor
+(`run_benchmark`), or remove a job's container.
 
 A stage's job calls the runner's own `run_stage`, so the skip check, the preconditions, the outputs' validation
 and the stage record are a local run's; the record gains a `slurm` entry (job id, nodes). Slurm stops a job with
@@ -126,7 +127,7 @@ def run_step(plan_file: Path, stage: str, *, shard: int | None = None, rdzv_endp
     if job["kind"] == "shards":
         if shard is None:
             raise UserError(f"stage {stage} runs as a job array", field="--shard", fix="pass --shard I")
-        return run_shard(loaded, shard, say=say)
+        return run_shard(loaded, shard, stage=stage, say=say)
     if job["kind"] == "torchrun":
         return run_torchrun(loaded, rdzv_endpoint, say=say)
     outcome = runner.run_stage(plan, sp, runtime, ctx, force=force, say=say, execute=classified(runtime.run),
@@ -134,39 +135,61 @@ def run_step(plan_file: Path, stage: str, *, shard: int | None = None, rdzv_endp
     return 0 if outcome.status in ("completed", "skipped") else 1
 
 
-def run_shard(loaded: planfile.Loaded, shard: int, *, say: Say = say) -> int:
-    """One task of regen's job array: the stage's step on this shard's rows; its outcome in slurm/shards/."""
+def run_shard(loaded: planfile.Loaded, shard: int, *, stage: str = shards.STAGE, say: Say = say) -> int:
+    """One task of a stage's job array (regen, hsextract): the stage's step on this shard's rows; its outcome in
+    slurm/shards/<stage>/."""
     from draftscope.pipeline import runner
 
     plan, runtime = loaded.plan, loaded.runtime
-    sp = loaded.stage(shards.STAGE)
-    count = int(loaded.job(shards.STAGE)["shards"])
+    sp = loaded.stage(stage)
+    count = int(loaded.job(stage)["shards"])
     if not 0 <= shard < count:
-        raise UserError(f"regen has {count} shard(s)", field="--shard", value=shard)
+        raise UserError(f"{stage} has {count} shard(s)", field="--shard", value=shard)
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
     workdir = plan.workdir
-    commands = shards.shard_commands(plan.context, shard)
+    reason = skip_reason(workdir, sp, runtime)
+    if reason and not loaded.doc["force"]:
+        # The stage is complete with this command and these inputs (a resubmission for a later stage): the job
+        # after the array skips it too, so this task starts no server.
+        _record_shard(workdir, stage, shard, count, status="completed", reason=f"skipped ({reason})", seconds=0.0,
+                      exit_code=None, image=None, started_at=now())  # fmt: skip
+        say(f"{stage}: shard {shard} skipped ({reason})")
+        return 0
+    commands = shards.shard_commands(plan.context, shard, count, stage)
     sharded = dataclasses.replace(
         sp, step=shards.shard_step(sp, plan.context, shard, count), commands=tuple(commands)
     )
     runner.stage_preconditions(sharded, plan.context)  # its input is there, its ports are free on this node
-    atomic_write_json(shards.commands_path(workdir, shard), {
-        "schema_version": 1, "stage": shards.STAGE, "commands": [c.to_dict() for c in commands]})  # fmt: skip
+    if commands:
+        atomic_write_json(shards.commands_path(workdir, shard, stage), {
+            "schema_version": 1, "stage": stage, "commands": [c.to_dict() for c in commands]})  # fmt: skip
     # The image's facts, read where it runs (the merge job's node may have no engine); a missing image fails here.
     image = runtime.image_facts(sp.step.image) if isinstance(runtime, ContainerRuntime) else None
-    shards.result_path(workdir, shard).unlink(missing_ok=True)
-    (workdir / "logs" / shards.step_name(shard)).mkdir(parents=True, exist_ok=True)
-    say(f"regen: shard {shard} of {count}, running in "
+    shards.result_path(workdir, shard, stage).unlink(missing_ok=True)
+    (workdir / "logs" / shards.step_name(shard, stage)).mkdir(parents=True, exist_ok=True)
+    if stage == shards.HSEXTRACT:
+        shards.output_dir(workdir, shard, stage).mkdir(parents=True, exist_ok=True)
+    say(f"{stage}: shard {shard} of {count}, running in "
         f"{sp.step.image if runtime.name != 'local' else 'this environment'}")  # fmt: skip
     started_at = now()
     outcome = classified(runtime.run)(sharded.step, ctx)
+    _record_shard(workdir, stage, shard, count, status=outcome.status, reason=outcome.reason,
+                  seconds=outcome.seconds, exit_code=outcome.exit_code, image=image, started_at=started_at)  # fmt: skip
+    say(f"{stage}: shard {shard} {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else "")
+        + f" in {outcome.seconds:.1f} s")  # fmt: skip
+    return 0 if outcome.ok else 1
+
+
+def _record_shard(workdir: Path, stage: str, shard: int, count: int, *, status: str, reason: str | None,
+                  seconds: float, exit_code: int | None, image: dict[str, Any] | None, started_at: str) -> None:  # fmt: skip
+    """How an array task ended, for the job after the array: `slurm/shards/<stage>/<shard>.json`."""
     record = {
         "shard": shard,
         "shards": count,
-        "status": outcome.status,
-        "reason": outcome.reason,
-        "exit_code": outcome.exit_code,
-        "seconds": round(outcome.seconds, 3),
+        "status": status,
+        "reason": reason,
+        "exit_code": exit_code,
+        "seconds": round(seconds, 3),
         "job_id": job_id(),
         "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
         "nodes": os.environ.get("SLURM_JOB_NODELIST"),
@@ -174,12 +197,9 @@ def run_shard(loaded: planfile.Loaded, shard: int, *, say: Say = say) -> int:
         "started_at": started_at,
         "finished_at": now(),
     }
-    path = shards.outcome_path(workdir, shard)
+    path = shards.outcome_path(workdir, shard, stage)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record)
-    say(f"regen: shard {shard} {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else "")
-        + f" in {outcome.seconds:.1f} s")  # fmt: skip
-    return 0 if outcome.ok else 1
 
 
 def run_torchrun(loaded: planfile.Loaded, endpoint: str | None, *, say: Say = say) -> int:
@@ -279,8 +299,9 @@ def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
     loaded = planfile.load(plan_file)
     plan = loaded.plan
     job = loaded.job(stage)
-    if job["kind"] != "shards":
-        raise UserError(f"stage {stage} is not a job array", field="--stage", value=stage)
+    if job["kind"] != "shards" or stage != shards.STAGE:
+        raise UserError(f"stage {stage} is not a job array merged by the kit", field="--stage", value=stage,
+                        fix="merge --stage regen (hsextract's array is followed by check)")  # fmt: skip
     count = int(job["shards"])
     sp = loaded.stage(stage)
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
@@ -307,6 +328,35 @@ def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
     return 0 if outcome.status in ("completed", "skipped") else 1
 
 
+def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
+    """The job after hsextract's job array: the tasks' outcomes, then the whole-output check (`hsextract-check`, in
+    the stage's image through the runtime), the stage's summary and record."""
+    from draftscope.pipeline import runner
+
+    loaded = planfile.load(plan_file)
+    plan, runtime = loaded.plan, loaded.runtime
+    job = loaded.job(stage)
+    if job["kind"] != "shards" or stage != shards.HSEXTRACT:
+        raise UserError(f"stage {stage} has no check job", field="--stage", value=stage,
+                        fix="check --stage hsextract")  # fmt: skip
+    count = int(job["shards"])
+    sp = loaded.stage(stage)
+    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    outcomes = [o for o in shards.shard_outcomes(plan.workdir, count, stage) if o]
+    array = next((o.get("array_job_id") for o in outcomes), None)
+    say(f"{stage}: checking the output of the {count} task(s) of job array {array or '?'}")
+    run = classified(runtime.run)
+
+    def execute(step: Step, ctx: Context) -> Outcome:
+        return shards.checked_outcome(plan, sp, runtime, count, job_id(), run=run)
+
+    # No preconditions: the check starts no server (the stage's ports may be taken on this node).
+    outcome = runner.run_stage(plan, sp, runtime, ctx, force=bool(loaded.doc["force"]), say=say,
+                               execute=execute, extra=slurm_entry(array_job_id=array, shards=count),
+                               preconditions=False)  # fmt: skip
+    return 0 if outcome.status in ("completed", "skipped") else 1
+
+
 class RecordedImage(ContainerRuntime):
     """The merge job's runtime: the engine's argv (the record's command and fingerprint are a run's), and the image
     facts the shards read where they ran; it never calls the engine, which the merge job's node may lack."""
@@ -320,7 +370,7 @@ class RecordedImage(ContainerRuntime):
         return dict(self.facts)
 
 
-def cleanup(plan_file: Path, stage: str, *, shard: int | None = None) -> int:
+def cleanup(plan_file: Path, stage: str, *, shard: int | None = None, check: bool = False) -> int:
     """Remove the job's container at once (the job script's SIGTERM trap): `scancel` ends the engine's client but
     not the container it started. By name, which the runtime derives from the run directory and the step."""
     from draftscope.runtime.base import container_name
@@ -330,7 +380,10 @@ def cleanup(plan_file: Path, stage: str, *, shard: int | None = None) -> int:
     if engine not in ("docker", "podman"):
         return 0
     workdir = Path(doc["workdir"])
-    step = shards.step_name(shard) if shard is not None else stage
+    if check:
+        step = shards.check_name(stage)
+    else:
+        step = shards.step_name(shard, stage) if shard is not None else stage
     _remove_container(engine, container_name(Context(run_dir=workdir, run_id=workdir.name), step))
     return 0
 

@@ -26,7 +26,7 @@ def document(jp: JobPlan, *, force: bool) -> dict[str, Any]:
     plan = jp.plan
     stages: dict[str, Any] = {}
     for job in jp.jobs:
-        if job.kind in ("merge", "fetch"):
+        if job.kind in ("merge", "check", "fetch"):
             continue
         sp = next(s for s in plan.stages if s.stage.name == job.stage)
         stages[job.stage] = {

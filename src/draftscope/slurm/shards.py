@@ -1,7 +1,7 @@
-"""regen as a Slurm job array: each task regenerates one shard of the rows; a merge job accounts for all of them.
+"""regen and hsextract as Slurm job arrays: each task runs one shard of the stage; one more job accounts for all.
 
-Shard I of N takes input rows k with k mod N == I (`regen_client --shard I --shards N`, a split that does not
-depend on what earlier attempts finished) and runs the stage's own step with its own files, so that tasks on
+regen: shard I of N takes input rows k with k mod N == I (`regen_client --shard I --shards N`, a split that does
+not depend on what earlier attempts finished) and runs the stage's own step with its own files, so that tasks on
 one node or one shared folder never touch each other's:
 - output `regen/shards/I/` (rows, errors, summary; a rerun resumes there by row id),
 - commands `stages/regen.shard-I.commands.json`: the stage's servers with ports moved up by I × instances
@@ -14,6 +14,16 @@ twice, no row missing), and writes the stage's outputs as a single run writes th
 `regen/errors.jsonl` as the shards wrote each line, in input order, and `regen/summary.json` (schema
 `stage-regen`) with every shard's instances. With one instance and one request at a time these files are
 byte-identical to a single run's.
+
+hsextract: the rows are split as speculators' clients split them (contiguous blocks by world size and rank; the
+ranks of a world partition the rows). Real presets: task I of N runs its k instances' servers on ports + I × k
+with their own scratch folders (`hsextract/shards/I/scratch-<i>`) and its clients as ranks I*k+i of a world of
+N*k; the tiny preset: the Transformers extractor with `--world-size N --rank I`. Every task writes straight into the shared `hidden_states/` (one file per
+row, so nothing is merged); its commands, result, logs and summary are its own (`stages/hsextract.shard-I.*`,
+`logs/hsextract.shard-I/`, `hsextract/shards/I/summary.json`), its outcome `slurm/shards/hsextract/I.json`. A check
+job (`afterany`) then runs the stage's whole-output check in the stage's image (`hsextract-check`: every row has its
+`hs_<row>.safetensors`, sampled shapes) and writes `hsextract/summary.json` and the stage record, or records the
+stage failed naming the shards that did not complete or the rows without a file.
 """
 
 from __future__ import annotations
@@ -30,53 +40,75 @@ from draftscope.jsonio import atomic_write_json, read_json
 from draftscope.pipeline.base import Command, ResolvedInstance, StageContext
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
 from draftscope.plan import Step
-from draftscope.runtime import Outcome
+from draftscope.runtime import Context, Outcome, Runtime
 from draftscope.schema import check
 from draftscope.slurm.jobs import SLURM_DIR
 from draftscope.slurm.states import worst
 
 STAGE = "regen"
+HSEXTRACT = "hsextract"
+ARRAYS = (STAGE, HSEXTRACT)  # the stages that run as job arrays
 MAX_PORT = 65535
 
 
-def step_name(shard: int) -> str:
-    return f"{STAGE}.shard-{shard}"
+def step_name(shard: int, stage: str = STAGE) -> str:
+    return f"{stage}.shard-{shard}"
 
 
-def output_dir(workdir: Path, shard: int) -> Path:
-    return workdir / STAGE / "shards" / str(shard)
+def check_name(stage: str = HSEXTRACT) -> str:
+    return f"{stage}.check"
 
 
-def outcome_path(workdir: Path, shard: int) -> Path:
-    return workdir / SLURM_DIR / "shards" / STAGE / f"{shard}.json"
+def output_dir(workdir: Path, shard: int, stage: str = STAGE) -> Path:
+    return workdir / stage / "shards" / str(shard)
 
 
-def commands_path(workdir: Path, shard: int) -> Path:
-    return workdir / "stages" / f"{step_name(shard)}.commands.json"
+def outcome_path(workdir: Path, shard: int, stage: str = STAGE) -> Path:
+    return workdir / SLURM_DIR / "shards" / stage / f"{shard}.json"
 
 
-def result_path(workdir: Path, shard: int) -> Path:
-    return workdir / "stages" / f"{step_name(shard)}.result.json"
+def commands_path(workdir: Path, shard: int, stage: str = STAGE) -> Path:
+    return workdir / "stages" / f"{step_name(shard, stage)}.commands.json"
 
 
-def shard_commands(ctx: StageContext, shard: int) -> list[Command]:
-    """The stage's servers for one shard: the same commands, ports moved up by shard × instances."""
-    from draftscope.pipeline import regen
+def result_path(workdir: Path, shard: int, stage: str = STAGE) -> Path:
+    return workdir / "stages" / f"{step_name(shard, stage)}.result.json"
 
-    found = regen.instances(ctx)
+
+def _moved(found: Sequence[ResolvedInstance], shard: int, field: str) -> list[ResolvedInstance]:
+    """The instances with ports moved up by shard × instances."""
     shift = shard * len(found)
     top = max(i.port for i in found) + shift
     if top > MAX_PORT:
-        raise UserError(f"shard {shard} would need port {top}", field="regen.base_port",
-                        fix="lower regen.base_port or use fewer shards")  # fmt: skip
-    return [regen.server_command(ctx, ResolvedInstance(i.index, i.gpus, i.tp, i.port + shift)) for i in found]
+        raise UserError(f"shard {shard} would need port {top}", field=field,
+                        fix=f"lower {field} or use fewer shards")  # fmt: skip
+    return [ResolvedInstance(i.index, i.gpus, i.tp, i.port + shift) for i in found]
+
+
+def shard_commands(ctx: StageContext, shard: int, shards: int = 1, stage: str = STAGE) -> list[Command]:
+    """The stage's commands for one shard: the same servers, ports moved up by shard × instances; hsextract's
+    servers with the shard's own scratch folders and its clients with the shard's ranks."""
+    if stage == HSEXTRACT:
+        from draftscope.pipeline import hsextract
+
+        if not hsextract.uses_vllm(ctx):
+            return []
+        found = _moved(hsextract.instances(ctx), shard, "hsextract.base_port")
+        k = len(found)
+        scratch = [ctx.layout.at(HSEXTRACT, "shards", str(shard), f"scratch-{i.index}") for i in found]
+        return [hsextract.server_command(ctx, i, scratch=s) for i, s in zip(found, scratch, strict=True)] + [
+            hsextract.client_command(ctx, i, shards * k, rank=shard * k + i.index) for i in found
+        ]
+    from draftscope.pipeline import regen
+
+    return [regen.server_command(ctx, i) for i in _moved(regen.instances(ctx), shard, "regen.base_port")]
 
 
 def _set(argv: list[str], flag: str, value: str, *, required: bool = True) -> None:
     if flag in argv:
         argv[argv.index(flag) + 1] = value
-    elif required:  # the regen argv changed shape: the shard would share files with the others
-        raise RuntimeError(f"the regen argv has no {flag}")
+    elif required:  # the stage's argv changed shape: the shard would share files with the others
+        raise RuntimeError(f"the {argv[3] if len(argv) > 3 else 'stage'} argv has no {flag}")
     else:
         argv += [flag, value]
 
@@ -84,22 +116,32 @@ def _set(argv: list[str], flag: str, value: str, *, required: bool = True) -> No
 def shard_step(sp: StagePlan, ctx: StageContext, shard: int, shards: int) -> Step:
     """The stage's step for one shard: the same argv with the shard's rows, files and ports."""
     at = ctx.layout.at
+    stage = sp.stage.name
+    name = step_name(shard, stage)
     argv = list(sp.step.argv)
-    _set(argv, "--commands", at("stages", f"{step_name(shard)}.commands.json"))
+    _set(argv, "--result", at("stages", f"{name}.result.json"))
+    if stage == HSEXTRACT:
+        _set(argv, "--summary", at(HSEXTRACT, "shards", str(shard), "summary.json"))
+        if "--commands" in argv:  # real presets: the runner, its servers and clients
+            _set(argv, "--commands", at("stages", f"{name}.commands.json"))
+            _set(argv, "--logs", at("logs", name), required=False)
+        else:  # tiny: the Transformers extractor takes its block itself
+            argv += ["--world-size", str(shards), "--rank", str(shard)]
+        return replace(sp.step, name=name, argv=tuple(argv))
+    _set(argv, "--commands", at("stages", f"{name}.commands.json"))
     _set(argv, "--output-dir", at(STAGE, "shards", str(shard)))
-    _set(argv, "--result", at("stages", f"{step_name(shard)}.result.json"))
-    _set(argv, "--logs", at("logs", step_name(shard)), required=False)
+    _set(argv, "--logs", at("logs", name), required=False)
     argv += ["--shard", str(shard), "--shards", str(shards)]
-    return replace(sp.step, name=step_name(shard), argv=tuple(argv))
+    return replace(sp.step, name=name, argv=tuple(argv))
 
 
 # --- the merge job ----------------------------------------------------------------------------------------------
 
 
-def shard_outcomes(workdir: Path, shards: int) -> list[dict[str, Any] | None]:
+def shard_outcomes(workdir: Path, shards: int, stage: str = STAGE) -> list[dict[str, Any] | None]:
     found: list[dict[str, Any] | None] = []
     for i in range(shards):
-        path = outcome_path(workdir, i)
+        path = outcome_path(workdir, i, stage)
         try:
             found.append(read_json(path) if path.is_file() else None)
         except Exception:  # a torn file: the shard did not finish recording
@@ -265,3 +307,56 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
                   f"each the argv above with --shard/--shards and its own files; merged by job {job_id}"],
     })  # fmt: skip
     return Outcome(sp.stage.name, "completed", 0, seconds + time.monotonic() - started, None, None)
+
+
+# --- hsextract's check job --------------------------------------------------------------------------------------
+
+
+def check_step(sp: StagePlan, ctx: StageContext) -> Step:
+    """The check job's step: `hsextract-check` in the stage's image, on no GPU."""
+    from draftscope.pipeline import hsextract
+
+    return replace(sp.step, name=check_name(sp.stage.name), argv=tuple(hsextract.check_argv(ctx)), gpus=0,
+                   ipc_host=False, network=False)  # fmt: skip
+
+
+def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards: int, job_id: str | None,
+                    run: Any = None) -> Outcome:  # fmt: skip
+    """The check job's step: the shards' outcomes checked, then the whole output (`check_step`, through the
+    runtime: `run`, default `runtime.run`), which writes the stage's summary and result file; the result gains
+    the shards' counts and a note on the array."""
+    import time
+
+    started = time.monotonic()
+    workdir, stage = plan.workdir, sp.stage.name
+    outcomes = shard_outcomes(workdir, shards, stage)
+    array = next((o.get("array_job_id") for o in outcomes if o), None) or "?"
+    failed = not_completed(outcomes, str(workdir / "logs" / f"slurm-{stage}-{array}_<shard>.out"))
+    if failed:
+        status, reason = failed
+        return Outcome(stage, status, None, time.monotonic() - started, reason, None)
+    ctx = Context(run_dir=workdir, run_id=workdir.name)
+    outcome = (run or runtime.run)(check_step(sp, plan.context), ctx)
+    seconds = max(float(o.get("seconds", 0)) for o in outcomes if o)  # the longest task: the array's time
+    if not outcome.ok:
+        return replace(outcome, step=stage, seconds=seconds + outcome.seconds)
+    final = workdir / "stages" / f"{stage}.result.json"
+    result = read_json(final) if final.is_file() else {}
+    paths = [result_path(workdir, i, stage) for i in range(shards)]
+    shard_results = [read_json(p) for p in paths if p.is_file()]
+    counts = dict(result.get("counts") or {})
+    for key in ("written", "skipped"):
+        found = [r["counts"][key] for r in shard_results if key in (r.get("counts") or {})]
+        if found:
+            counts[key] = sum(int(v) for v in found)
+    counts["shards"] = shards
+    atomic_write_json(final, {
+        **result,
+        "seconds": round(seconds + outcome.seconds, 3),
+        "counts": counts,
+        "notes": [*(result.get("notes") or []),
+                  f"ran as Slurm job array {array} of {shards} task(s) (rows split by --world-size/--rank, "
+                  f"speculators' contiguous blocks), each the argv above restricted to its blocks with its own "
+                  f"--result/--summary/--commands/--logs; whole output checked by job {job_id}"],
+    })  # fmt: skip
+    return replace(outcome, step=stage, seconds=seconds + outcome.seconds)
