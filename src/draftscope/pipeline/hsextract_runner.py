@@ -106,9 +106,7 @@ def check_files(
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    from draftscope.jsonio import atomic_write_json
     from draftscope.pipeline.servers import clients_of, load_commands, run_clients, serving
-    from draftscope.schema import check
 
     commands = load_commands(args.commands)
     logs = Path(args.logs) if args.logs else Path(args.commands).parent.parent / "logs"
@@ -126,18 +124,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"{len(failed)} of {len(clients_of(commands))} client(s) failed ({name}: exit {code})",
                         fix=f"read logs/hsextract.{name}.log; a rerun resumes")  # fmt: skip
     files, hidden, dtype = check_files(output, rows, args.layer_ids, args.hidden_size)
-    summary = {
-        "schema_version": 1,
-        "rows": count,
-        "files": files,
-        "layer_ids": list(args.layer_ids),
-        "hidden_size": hidden,
-        "extractor": "vllm",
-        "dtype": dtype,
-    }
-    check(summary, "stage-hsextract", args.summary)
-    Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(args.summary), summary)
+    write_summary(Path(args.summary), count, files, args.layer_ids, hidden, "vllm", dtype)
     if isinstance(rows, int):
         return {"rows": count, "files": files, "written": files - before, "skipped": before}
     return {"rows": count, "files": files}  # a block of a shared folder: other tasks write there too
@@ -155,22 +142,29 @@ def add_check_arguments(p: argparse.ArgumentParser) -> None:
 def check_main(args: argparse.Namespace) -> dict[str, Any]:
     """`hsextract-check`, after a Slurm job array: every row of the dataset has its file, sampled shapes; the
     stage's summary as a single run writes it."""
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.schema import check
-
     output = Path(args.output)
     rows = dataset_rows(Path(args.data))
     files, hidden, dtype = check_files(output, rows, args.layer_ids, args.hidden_size)
+    write_summary(Path(args.summary), rows, files, args.layer_ids, hidden, args.extractor, dtype)
+    return {"rows": rows, "files": files}
+
+
+def write_summary(
+    path: Path, rows: int, files: int, layer_ids: list[int], hidden: int, extractor: str, dtype: str
+) -> None:
+    """The stage's summary (schema `stage-hsextract`), as a single run and the check after a job array write it."""
+    from draftscope.jsonio import atomic_write_json
+    from draftscope.schema import check
+
     summary = {
         "schema_version": 1,
         "rows": rows,
         "files": files,
-        "layer_ids": list(args.layer_ids),
+        "layer_ids": list(layer_ids),
         "hidden_size": hidden,
-        "extractor": args.extractor,
+        "extractor": extractor,
         "dtype": dtype,
     }
-    check(summary, "stage-hsextract", args.summary)
-    Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(args.summary), summary)
-    return {"rows": rows, "files": files}
+    check(summary, "stage-hsextract", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, summary)
