@@ -75,3 +75,45 @@ training: {seq_length: 128, max_anchors: 16, nproc_per_node: 1, epochs: 1}
 serving: {tp_size: 1}
 status: {tested: false}
 """
+
+
+def sbatch_lines(script: str) -> dict[str, str]:
+    """A job script's `#SBATCH --option[=value]` lines, by option."""
+    import re
+
+    found = {}
+    for line in script.splitlines():
+        m = re.fullmatch(r"#SBATCH --([a-z-]+)(?:=(.*))?", line)
+        if m:
+            found[m.group(1)] = m.group(2) or ""
+    return found
+
+
+def processes_naming(*needles: str) -> list[str]:
+    """Live (not zombie) processes other than this one whose command line holds any of the needles."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(n in cmdline for n in needles):
+            found.append(f"{entry.name}: {cmdline[:160]}")
+    return found
+
+
+# A loopback server that answers GET /health with 200 (a stand-in for an inference server's health endpoint).
+HEALTH_SERVER = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""

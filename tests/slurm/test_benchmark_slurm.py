@@ -27,7 +27,7 @@ import pytest
 from draftscope.jsonio import read_json
 from draftscope.slurm.benchmark import TEST_TIME_ENV, folder_of
 
-from support import ROOT, tiny_benchmark
+from support import ROOT, processes_naming, tiny_benchmark
 
 pytest.importorskip("transformers")
 
@@ -72,18 +72,7 @@ def wait_for_records(output: Path, proc: subprocess.Popen, timeout: float = 120)
 
 def leftovers(output: Path) -> list[str]:
     """Live processes whose command line names the run (its worker, its supervisor's job file)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and str(output) in cmdline:
-            found.append(f"{entry.name}: {cmdline[:160]}")
-    return found
+    return processes_naming(str(output))
 
 
 def assert_nothing_left(output: Path, timeout: float = 20) -> None:

@@ -31,7 +31,7 @@ import pytest
 from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
-from support import INVOKE_PIPELINE, ROOT, port_is_free
+from support import INVOKE_PIPELINE, ROOT, port_is_free, processes_naming
 
 pytest.importorskip("transformers")
 
@@ -90,18 +90,7 @@ def long_chat(path: Path, rows: int = 2000) -> Path:
 
 def leftovers(*needles: str) -> list[str]:
     """Live processes whose command line mentions any of the needles (a workdir, a server's port)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(n in cmdline for n in needles):
-            found.append(f"{entry.name}: {cmdline[:160]}")
-    return found
+    return processes_naming(*needles)
 
 
 def assert_nothing_left(workdir: Path, ports: list[int], timeout: float = 20) -> None:

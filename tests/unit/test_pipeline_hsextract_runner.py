@@ -17,20 +17,11 @@ from draftscope.errors import UserError
 from draftscope.pipeline import hsextract_runner as H
 from draftscope.schema import problems
 
+from support import HEALTH_SERVER
+
 pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-HEALTH_SERVER = """
-import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a): pass
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
 # rank, world size, rows, output, layers, hidden, skip-row: writes rows r with r % world == rank
 CLIENT = """
 import sys, torch

@@ -4,7 +4,6 @@ of the submitted benchmark, and a stop inside a job explained by Slurm."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,10 @@ from draftscope.runtime import Outcome
 from draftscope.slurm import benchmark, node, states
 from draftscope.slurm.options import check_names, executor_flags
 
-from support import run_invoke, tiny_benchmark
+from support import run_invoke, sbatch_lines, tiny_benchmark
 
 PYTHON = "/opt/kit/bin/python"
 SHA = "0123456789abcdef0123456789abcdef01234567"
-
-
-def sbatch_lines(script: str) -> dict[str, str]:
-    found = {}
-    for line in script.splitlines():
-        m = re.fullmatch(r"#SBATCH --([a-z-]+)(?:=(.*))?", line)
-        if m:
-            found[m.group(1)] = m.group(2) or ""
-    return found
 
 
 def tiny(**overrides):

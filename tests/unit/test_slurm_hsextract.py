@@ -20,6 +20,8 @@ from draftscope.pipeline.hsextract_runner import block, client_rows
 from draftscope.runtime import Outcome, get_runtime
 from draftscope.slurm import jobs, shards
 
+from support import HEALTH_SERVER
+
 
 def build(preset="qwen38-27b", stage="all", runtime="docker", slurm=None, workdir="/tmp/w"):
     resolved = load_pipeline_config(preset=preset, overrides={"slurm": slurm} if slurm else None)
@@ -304,17 +306,6 @@ def test_a_task_of_a_complete_stage_starts_nothing(tmp_path, monkeypatch):
     assert said == ["hsextract: shard 1 skipped (completed earlier with the same inputs and command)"]
 
 
-HEALTH_SERVER = """
-import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a): pass
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"""
 BLOCK_CLIENT = """
 import sys, torch
 from safetensors.torch import save_file

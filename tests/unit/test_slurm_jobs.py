@@ -24,6 +24,8 @@ from draftscope.pipeline.config import load_pipeline_config
 from draftscope.runtime import Context, get_runtime
 from draftscope.slurm import jobs, planfile, shards
 
+from support import sbatch_lines
+
 INVOKE_PIPELINE = (
     "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
     "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
@@ -35,15 +37,6 @@ def build(preset="qwen38-27b", stage="all", runtime="docker", opts=(), workdir="
     resolved = load_pipeline_config(preset=preset, opts=opts, overrides={"slurm": slurm} if slurm else None)
     plan = planning.build(resolved, registry.select(stage), Path(workdir), runtime)
     return jobs.build(plan, get_runtime(runtime), python=PYTHON)
-
-
-def sbatch_lines(script: str) -> dict[str, str]:
-    found = {}
-    for line in script.splitlines():
-        m = re.fullmatch(r"#SBATCH --([a-z-]+)(?:=(.*))?", line)
-        if m:
-            found[m.group(1)] = m.group(2) or ""
-    return found
 
 
 # --- jobs and scripts -------------------------------------------------------------------------------------------
