@@ -101,7 +101,7 @@ def processes_naming(*needles: str) -> list[str]:
         except OSError:
             continue
         if state != "Z" and any(n in cmdline for n in needles):
-            found.append(f"{entry.name}: {cmdline[:160]}")
+            found.append(f"{entry.name}: {cmdline}")  # whole: callers match paths in it
     return found
 
 
