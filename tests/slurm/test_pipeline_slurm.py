@@ -274,9 +274,13 @@ def test_a_cancelled_job_leaves_no_process_and_the_stage_says_why(cluster, tmp_p
         jobs["pretokenize"]["status"] == "interrupted"
         and not (workdir / "stages" / "pretokenize.json").exists()
     )
-    for shard in (0, 1):
+    for shard in (0, 1):  # each task recorded how it ended, or (killed at KillWait first) that it had started
         outcome = read_json(workdir / "slurm" / "shards" / "regen" / f"{shard}.json")
-        assert outcome["status"] == "interrupted" and "was cancelled (scancel)" in outcome["reason"]
+        assert outcome["job_id"] == f"{array}_{shard}" and outcome["status"] in ("interrupted", "running"), (
+            outcome
+        )
+        if outcome["status"] == "interrupted":
+            assert "was cancelled (scancel)" in outcome["reason"]
 
 
 def test_ctrl_c_cancels_every_submitted_job(cluster, tmp_path):

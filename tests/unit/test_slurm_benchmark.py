@@ -125,3 +125,36 @@ def test_a_stop_inside_a_job_is_explained_by_slurm(monkeypatch):
     assert node.explain_stop(stopped).reason == "job 7 was cancelled (scancel); the step was stopped"
     done = Outcome("benchmark", "completed", 0, 1.0, None, None)
     assert node.explain_stop(done) == done
+
+
+@pytest.mark.parametrize(
+    ("in_job", "kill_wait", "grace"),
+    [(False, 5.0, 5.0), (True, 30.0, 5.0), (True, 5.0, 3.0), (True, 2.0, 1.0), (True, None, 5.0)],
+)
+def test_a_step_in_a_job_is_stopped_before_slurms_own_sigkill(monkeypatch, in_job, kill_wait, grace):
+    """Inside a job the kit kills its step MARGIN_S before KillWait runs out, so that its record gets written."""
+    from draftscope.slurm import client
+
+    monkeypatch.setattr(client, "kill_wait", lambda: kill_wait)
+    if in_job:
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+    else:
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert node.stop_grace() == grace
+    assert node.job_context(Path("/runs/w")).grace_seconds == grace
+
+
+def test_kill_wait_is_read_from_scontrol(monkeypatch):
+    import subprocess
+
+    from draftscope.slurm import client
+
+    config = "Configuration data as of 2026-11-30T12:00:00\nJobAcctGatherType       = (null)\nKillWait                = 5 sec\n"
+    monkeypatch.setattr(
+        client, "_run", lambda argv, timeout=60.0: subprocess.CompletedProcess(argv, 0, config, "")
+    )
+    assert client.kill_wait() == 5.0
+    monkeypatch.setattr(
+        client, "_run", lambda argv, timeout=60.0: subprocess.CompletedProcess(argv, 1, "", "down")
+    )
+    assert client.kill_wait() is None

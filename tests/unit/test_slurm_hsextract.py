@@ -232,7 +232,10 @@ def test_the_check_runs_after_every_task_completed_and_folds_their_counts(tiny):
     assert "Slurm job array 7 of 2 task(s)" in result["notes"][-1] and "job 8" in result["notes"][-1]
 
 
-def test_a_failed_or_silent_task_fails_the_stage_without_checking(tiny):
+def test_a_failed_or_silent_task_fails_the_stage_without_checking(tiny, monkeypatch):
+    from draftscope.slurm import client
+
+    monkeypatch.setattr(client, "show", lambda job_id: None)  # Slurm no longer knows the array (MinJobAge)
     sp = stage_plan(tiny)
 
     def run(step, ctx):

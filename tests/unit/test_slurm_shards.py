@@ -122,12 +122,51 @@ def test_a_shard_that_did_not_complete_fails_the_stage_with_its_reason(run):
     assert not (run.workdir / "regen" / "rows.jsonl").exists()
 
 
-def test_a_shard_killed_before_it_recorded_fails_the_stage(run):
+def test_a_shard_killed_before_it_recorded_fails_the_stage(run, monkeypatch):
+    from draftscope.slurm import client
+
+    monkeypatch.setattr(client, "show", lambda job_id: None)  # Slurm no longer knows the array (MinJobAge)
     write_shard(run, 0, 2)
     write_shard(run, 1, 2, outcome=False)
     outcome = shards.merged_outcome(run, run.stages[0], 2, "10")
     assert outcome.status == "failed" and "shard 1 of 2 ended without recording how" in outcome.reason
     assert "slurm-regen-9_<shard>.out" in outcome.reason
+
+
+def test_a_shard_killed_after_it_started_is_explained_by_slurms_record_of_its_task(run, monkeypatch):
+    """Slurm's SIGKILL (KillWait after its SIGTERM) can beat the task's own record: the `running` record it wrote
+    before its step started names the array, and the merge job asks Slurm how each such task ended."""
+    from draftscope.slurm import client, states
+
+    write_shard(run, 0, 2, status="running")
+    write_shard(run, 1, 2, outcome=False)  # cancelled while still pending: no record at all
+    asked = []
+
+    def show(job_id):
+        asked.append(job_id)
+        return [states.JobState(f"9_{i}", "CANCELLED", exit_code="0:15", array_job_id="9", array_task=str(i))
+                for i in (0, 1)]  # fmt: skip
+
+    monkeypatch.setattr(client, "show", show)
+    outcome = shards.merged_outcome(run, run.stages[0], 2, "10")
+    assert asked == ["9"] and outcome.status == "interrupted"
+    assert outcome.reason.startswith(
+        "shard 0 of 2 ended before it recorded how: job 9_0 was cancelled (scancel)"
+    )
+    assert outcome.reason.endswith("; 1 more shard(s) did not complete")
+    # Slurm no longer answering (or knowing the job) leaves the plain account
+    monkeypatch.setattr(client, "show", lambda job_id: None)
+    outcome = shards.merged_outcome(run, run.stages[0], 2, "10")
+    assert outcome.status == "failed" and "shard 0 of 2 ended without recording how" in outcome.reason
+
+
+def test_finished_shards_are_not_asked_about(run, monkeypatch):
+    from draftscope.slurm import client
+
+    monkeypatch.setattr(client, "show", lambda job_id: pytest.fail("asked Slurm"))
+    write_shard(run, 0, 2)
+    write_shard(run, 1, 2, status="timed_out")
+    assert shards.merged_outcome(run, run.stages[0], 2, "10").status == "timed_out"
 
 
 def test_a_missing_row_fails_the_stage(run):

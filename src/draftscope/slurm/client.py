@@ -6,6 +6,7 @@ client, an unknown partition, an account or QOS the cluster refuses, resources n
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -123,6 +124,17 @@ def show(job_id: str) -> list[JobState] | None:
         raise UserError(f"scontrol show job {job_id}: {_message(result)}", field="--executor", value="slurm",
                         fix="check that slurmctld is up (scontrol ping)")  # fmt: skip
     return parse_show_job(result.stdout)
+
+
+def kill_wait() -> float | None:
+    """The cluster's KillWait (seconds between Slurm's SIGTERM and its SIGKILL), from `scontrol show config`;
+    None when Slurm does not say."""
+    try:
+        result = _run(["scontrol", "show", "config"], timeout=10)
+    except UserError:
+        return None
+    found = re.search(r"^KillWait\s*=\s*(\d+)", result.stdout, re.MULTILINE)
+    return float(found.group(1)) if result.returncode == 0 and found else None
 
 
 def cancel(job_ids: Sequence[str]) -> None:

@@ -5,8 +5,10 @@ regen's shards or check hsextract's whole output after a job array, run a benchm
 A stage's job calls the runner's own `run_stage`, so the skip check, the preconditions, the outputs' validation
 and the stage record are a local run's; the record gains a `slurm` entry (job id, nodes). Slurm stops a job with
 SIGTERM (then SIGKILL after KillWait): the step is stopped through the runtime — its container by name, or the
-local process group — and the record says why, read from Slurm: a time limit (`Reason=TimeLimit`) is
-`timed_out`, anything else (scancel, preemption) `interrupted`.
+local process group, killed `MARGIN_S` before KillWait runs out (`stop_grace`) — and the record says why, read
+from Slurm: a time limit (`Reason=TimeLimit`) is `timed_out`, anything else (scancel, preemption) `interrupted`.
+An array task writes a `running` outcome before its step starts, for the job after the array to go by if the task
+is killed before it can write its end.
 
 Exit status: 0 when the stage completed (or was already complete), 1 when not, 2 for a user error, 143 when
 stopped before anything could be recorded.
@@ -72,6 +74,25 @@ def stops_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+MARGIN_S = 2.0  # what the kit needs after stopping its step: ask Slurm why, write the record
+
+
+def stop_grace(default: float = Context.grace_seconds) -> float:
+    """How long the step may take to end after SIGTERM before the kit kills it, inside a job: short enough that
+    the record is written before Slurm's own SIGKILL (KillWait after its SIGTERM, 30 s by default, often less)."""
+    from draftscope.slurm import client
+
+    if not os.environ.get("SLURM_JOB_ID"):
+        return default
+    wait = client.kill_wait()
+    return default if wait is None else max(1.0, min(default, wait - MARGIN_S))
+
+
+def job_context(run_dir: Path) -> Context:
+    """The runtime context of a step run inside a job (`stop_grace`)."""
+    return Context(run_dir=run_dir, run_id=run_dir.name, grace_seconds=stop_grace())
+
+
 def own_state() -> states.JobState | None:
     """This job's record in slurmctld (SLURM_JOB_ID is unique per array task too)."""
     from draftscope.slurm import client
@@ -112,7 +133,7 @@ def run_step(plan_file: Path, stage: str, *, shard: int | None = None, rdzv_endp
 
     loaded = planfile.load(plan_file)
     plan, runtime = loaded.plan, loaded.runtime
-    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    ctx = job_context(plan.workdir)
     if stage == "fetch":
         step = runner.fetch_step(plan)
         if step is None:
@@ -145,7 +166,7 @@ def run_shard(loaded: planfile.Loaded, shard: int, *, stage: str = shards.STAGE,
     count = int(loaded.job(stage)["shards"])
     if not 0 <= shard < count:
         raise UserError(f"{stage} has {count} shard(s)", field="--shard", value=shard)
-    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    ctx = job_context(plan.workdir)
     workdir = plan.workdir
     reason = skip_reason(workdir, sp, runtime)
     if reason and not loaded.doc["force"]:
@@ -172,6 +193,10 @@ def run_shard(loaded: planfile.Loaded, shard: int, *, stage: str = shards.STAGE,
     say(f"{stage}: shard {shard} of {count}, running in "
         f"{sp.step.image if runtime.name != 'local' else 'this environment'}")  # fmt: skip
     started_at = now()
+    # Recorded before the step starts: a task killed before it can say how it ended (SIGKILL after KillWait, a
+    # lost node) leaves its job id, and the job after the array asks Slurm about it.
+    _record_shard(workdir, stage, shard, count, status="running", reason=None, seconds=0.0, exit_code=None,
+                  image=image, started_at=started_at)  # fmt: skip
     outcome = classified(runtime.run)(sharded.step, ctx)
     _record_shard(workdir, stage, shard, count, status=outcome.status, reason=outcome.reason,
                   seconds=outcome.seconds, exit_code=outcome.exit_code, image=image, started_at=started_at)  # fmt: skip
@@ -218,7 +243,7 @@ def run_torchrun(loaded: planfile.Loaded, endpoint: str | None, *, say: Say = sa
     real = jobs.torchrun_argv(sp.step.argv, nnodes=os.environ.get("SLURM_NNODES", "1"), node_rank=rank,
                               endpoint=endpoint, rdzv_id=os.environ.get("SLURM_JOB_ID", "draftscope"))  # fmt: skip
     node_step = dataclasses.replace(sp.step, argv=real)
-    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    ctx = job_context(plan.workdir)
     run = classified(runtime.run)
 
     def execute(step: Step, ctx: Context) -> Outcome:
@@ -341,14 +366,14 @@ def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
                         fix="check --stage hsextract")  # fmt: skip
     count = int(job["shards"])
     sp = loaded.stage(stage)
-    ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
+    ctx = job_context(plan.workdir)
     outcomes = [o for o in shards.shard_outcomes(plan.workdir, count, stage) if o]
     array = next((o.get("array_job_id") for o in outcomes), None)
     say(f"{stage}: checking the output of the {count} task(s) of job array {array or '?'}")
     run = classified(runtime.run)
 
     def execute(step: Step, ctx: Context) -> Outcome:
-        return shards.checked_outcome(plan, sp, runtime, count, job_id(), run=run)
+        return shards.checked_outcome(plan, sp, runtime, count, job_id(), run=run, ctx=ctx)
 
     # No preconditions: the check starts no server (the stage's ports may be taken on this node).
     outcome = runner.run_stage(plan, sp, runtime, ctx, force=bool(loaded.doc["force"]), say=say,

@@ -7,7 +7,8 @@ one node or one shared folder never touch each other's:
 - commands `stages/regen.shard-I.commands.json`: the stage's servers with ports moved up by I × instances
   (CPU shards share a node; GPU shards have whole nodes, where the shift is harmless),
 - result `stages/regen.shard-I.result.json`, server logs `logs/regen.shard-I/`, container `…-regen.shard-I-…`.
-Each task writes how it ended to `slurm/shards/regen/I.json`.
+Each task writes how it ended to `slurm/shards/regen/I.json` (`running` first, before its step starts: a task
+killed before it can write its end is then explained from Slurm's record of it, `slurm_accounts`).
 
 The merge job then checks every shard completed and accounts for every input row (ok + errors == input, no id
 twice, no row missing), and writes the stage's outputs as a single run writes them: `regen/rows.jsonl` and
@@ -43,7 +44,7 @@ from draftscope.plan import Step
 from draftscope.runtime import Context, Outcome, Runtime
 from draftscope.schema import check
 from draftscope.slurm.jobs import SLURM_DIR
-from draftscope.slurm.states import worst
+from draftscope.slurm.states import JobState, worst
 
 STAGE = "regen"
 HSEXTRACT = "hsextract"
@@ -149,20 +150,49 @@ def shard_outcomes(workdir: Path, shards: int, stage: str = STAGE) -> list[dict[
     return found
 
 
-def not_completed(outcomes: Sequence[dict[str, Any] | None], array_log: str) -> tuple[str, str] | None:
-    """(status, reason) when a shard did not complete; None when all did."""
-    bad = [(i, o) for i, o in enumerate(outcomes) if o is None or o.get("status") != "completed"]
-    if not bad:
+def slurm_accounts(outcomes: Sequence[dict[str, Any] | None]) -> dict[int, JobState]:
+    """Shard → Slurm's record of its task, asked only when a shard left no final outcome (killed before it could
+    write one, or cancelled before it started); empty when the array is unknown or Slurm does not answer."""
+    if all(o is not None and o.get("status") != "running" for o in outcomes):
+        return {}
+    array = next((o.get("array_job_id") for o in outcomes if o and o.get("array_job_id")), None)
+    if not array:
+        return {}
+    from draftscope.slurm import client
+
+    try:
+        found = client.show(str(array)) or []
+    except UserError:
+        return {}
+    return {int(r.array_task): r for r in found if r.array_task and r.array_task.isdigit() and r.status}
+
+
+def not_completed(outcomes: Sequence[dict[str, Any] | None], array_log: str,
+                  accounts: dict[int, JobState] | None = None) -> tuple[str, str] | None:  # fmt: skip
+    """(status, reason) when a shard did not complete; None when all did. A shard that recorded no end (`None`, or
+    still `running`) is explained by Slurm's record of its task (`accounts`) when there is one."""
+    accounts = accounts or {}
+    ended: list[tuple[int, str, str]] = []  # shard, status, why
+    for i, o in enumerate(outcomes):
+        if o is not None and o.get("status") == "completed":
+            continue
+        if o is not None and o.get("status") != "running":
+            ended.append(
+                (i, str(o.get("status")), f"(job {o.get('job_id')}): {o.get('status')}: {o.get('reason')}")
+            )
+        elif i in accounts and accounts[i].status != "completed":
+            ended.append((i, str(accounts[i].status), f"ended before it recorded how: {accounts[i].explain()}; "
+                          f"see {array_log}"))  # fmt: skip
+        else:
+            ended.append((i, "failed", f"ended without recording how (killed, out of memory or a lost node): "
+                          f"see {array_log}"))  # fmt: skip
+    if not ended:
         return None
-    status = worst("failed" if o is None else str(o.get("status")) for _, o in bad)
-    i, o = next((i, o) for i, o in bad if ("failed" if o is None else o.get("status")) == status)
     n = len(outcomes)
-    if o is None:
-        why = f"shard {i} of {n} ended without recording how (killed, out of memory or a lost node): see {array_log}"
-    else:
-        why = f"shard {i} of {n} (job {o.get('job_id')}): {o.get('status')}: {o.get('reason')}"
-    more = len(bad) - 1
-    return status, why + (f"; {more} more shard(s) did not complete" if more else "")
+    status = worst(s for _, s, _ in ended)
+    i, _, why = next(e for e in ended if e[1] == status)
+    more = len(ended) - 1
+    return status, f"shard {i} of {n} {why}" + (f"; {more} more shard(s) did not complete" if more else "")
 
 
 def _index(path: Path) -> dict[str, tuple[int, int]]:
@@ -282,7 +312,7 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
     outcomes = shard_outcomes(workdir, shards)
     array = next((o.get("array_job_id") for o in outcomes if o), None) or "?"
     log = workdir / "logs" / f"slurm-{STAGE}-{array}_<shard>.out"
-    failed = not_completed(outcomes, str(log))
+    failed = not_completed(outcomes, str(log), slurm_accounts(outcomes))
     if failed:
         status, reason = failed
         return Outcome(sp.stage.name, status, None, time.monotonic() - started, reason, None)
@@ -321,7 +351,7 @@ def check_step(sp: StagePlan, ctx: StageContext) -> Step:
 
 
 def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards: int, job_id: str | None,
-                    run: Any = None) -> Outcome:  # fmt: skip
+                    run: Any = None, ctx: Context | None = None) -> Outcome:  # fmt: skip
     """The check job's step: the shards' outcomes checked, then the whole output (`check_step`, through the
     runtime: `run`, default `runtime.run`), which writes the stage's summary and result file; the result gains
     the shards' counts and a note on the array."""
@@ -331,11 +361,13 @@ def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards:
     workdir, stage = plan.workdir, sp.stage.name
     outcomes = shard_outcomes(workdir, shards, stage)
     array = next((o.get("array_job_id") for o in outcomes if o), None) or "?"
-    failed = not_completed(outcomes, str(workdir / "logs" / f"slurm-{stage}-{array}_<shard>.out"))
+    failed = not_completed(
+        outcomes, str(workdir / "logs" / f"slurm-{stage}-{array}_<shard>.out"), slurm_accounts(outcomes)
+    )
     if failed:
         status, reason = failed
         return Outcome(stage, status, None, time.monotonic() - started, reason, None)
-    ctx = Context(run_dir=workdir, run_id=workdir.name)
+    ctx = ctx or Context(run_dir=workdir, run_id=workdir.name)
     outcome = (run or runtime.run)(check_step(sp, plan.context), ctx)
     seconds = max(float(o.get("seconds", 0)) for o in outcomes if o)  # the longest task: the array's time
     if not outcome.ok:

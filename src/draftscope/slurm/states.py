@@ -32,7 +32,7 @@ TERMINAL: dict[str, str] = {
 EXPLAINED: dict[str, str] = {
     "TIMEOUT": "reached its Slurm time limit",
     "DEADLINE": "reached its Slurm deadline",
-    "CANCELLED": "was cancelled",
+    "CANCELLED": "was cancelled (scancel)",
     "PREEMPTED": "was preempted by another job",
     "REVOKED": "was revoked (federated cluster)",
     "FAILED": "failed",
