@@ -68,13 +68,14 @@ def presets(c, show=None):
         out.print(table)
 
 
-@task(help={"run_dir": "the run directory to check"})
+@task(help={"run_dir": "the run directory (or pipeline workdir) to check"})
 @user_errors
 def validate(c, run_dir):
-    """Validate every artifact of a run directory against its schema: one verdict line per file."""
-    from draftscope.validate import validate_run
+    """Validate every artifact of a run directory, or of a pipeline workdir, against its schema (a workdir's
+    recorded outputs re-hashed too): one verdict line per file."""
+    from draftscope.validate import validate_path
 
-    report = validate_run(run_dir)
+    report = validate_path(run_dir)
     for verdict in report.verdicts:
         print(verdict.line())
     line = _liveness_line(run_dir)

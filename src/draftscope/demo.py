@@ -10,7 +10,7 @@ line and its duration:
 4. the same with the prefix-conditioned head (shadow mode on, calls captured), then `head-study` of those calls;
 5. the draft-training pipeline on the tiny preset, regen through convert (speculators' trainer needs its own
    environment: `--train-python`, which `make demo` sets up);
-6. `validate` of every run directory, `analyze` with a report, and `compare` of 3 and 4 against 2.
+6. `validate` of every run directory and of the pipeline workdir, `analyze` with a report, and `compare` of 3 and 4 against 2.
 
 It ends with a summary: throughputs, acceptance length, the head's fallbacks, the verdicts, whether the speculative
 runs' tokens equal the baseline's for every prompt (checked here, from the records), the tiny target's recorded
@@ -84,9 +84,9 @@ def plan_steps(demo: Demo) -> list[Step]:
              invoke("pipeline", "--preset", "tiny", "--runtime", "local", "--stage",
                     "regen,pretokenize,prepare,hsextract,train,convert", "--workdir", str(r("pipeline"))),
              python=demo.train_python),
-        Step("validate", "validate every run directory",
+        Step("validate", "validate every run directory and the pipeline workdir",
              [*invoke("validate", str(runs[0])), "&&", *invoke("validate", str(runs[1])), "&&",
-              *invoke("validate", str(runs[2]))]),
+              *invoke("validate", str(runs[2])), "&&", *invoke("validate", str(r("pipeline")))]),
         Step("analyze", "analyze the benchmark runs, write the report",
              invoke("analyze", ",".join(map(str, runs)), "--report", str(r("report")))),
         Step("compare-speculative", "compare speculative (dense head) against the baseline",

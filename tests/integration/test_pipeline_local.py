@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from draftscope.jsonio import read_json
 from draftscope.schema import problems
 
-from support import INVOKE_PIPELINE
+from support import INVOKE_PIPELINE, run_invoke
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1] / "unit")
@@ -113,6 +113,41 @@ def test_local_stages_run_record_skip_and_rerun(setup, tmp_path):
     assert "pretokenize: completed" in changed.stdout and "convert: skipped" in changed.stdout
     assert read_json(workdir / "stages" / "pretokenize.json")["counts"]["rows"] == 7
     assert len((workdir / "invocations.jsonl").read_text().splitlines()) == 4
+
+
+def test_validate_checks_a_workdirs_records_outputs_and_their_hashes_where_it_lies_now(setup, tmp_path):
+    workdir = tmp_path / "w"
+    checkpoint(workdir, "dflash")
+    assert run(setup, workdir).returncode == 0
+    # A reviewer's copy: the plan is rebuilt where the workdir is now.
+    moved = workdir.rename(tmp_path / "moved")
+    env = {"DRAFTSCOPE_PRESETS": str(setup / "presets")}
+    checked = run_invoke("validate", str(moved), env=env)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    lines = checked.stdout.splitlines()
+    for expected in (
+        "ok   pipeline.json (pipeline-config)",
+        "ok   stages/pretokenize.json (stage-record)",
+        "ok   pretokenize/rows.jsonl",
+        "ok   pretokenize/stats.json (stage-pretokenize)",
+        "ok   draft/draftscope-convert.json (stage-convert)",
+        "ok   stages/convert.result.json (stage-result)",
+    ):
+        assert expected in lines, checked.stdout
+    assert lines[-1] == f"{moved}: all {len(lines) - 1} file(s) valid"
+
+    with (moved / "pretokenize" / "rows.jsonl").open("a") as handle:
+        handle.write("{}\n")
+    (moved / "draft" / "config.json").unlink()
+    (moved / "stages" / "convert.result.json").write_text('{"schema_version": 1, "stage": "convert"}')
+    bad = run_invoke("validate", str(moved), env=env)
+    assert bad.returncode == 1
+    failed = [line for line in bad.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 3, bad.stdout
+    assert failed[0].startswith("FAIL pretokenize/rows.jsonl: changed since stage pretokenize completed")
+    assert failed[1] == "FAIL draft/config.json: missing: stage convert recorded it as output 'config'"
+    assert failed[2].startswith("FAIL stages/convert.result.json (stage-result): $: 'counts' is required")
+    assert f"{moved}: 3 of " in bad.stderr
 
 
 def test_a_refused_checkpoint_fails_the_stage_with_the_field_in_its_record(setup, tmp_path):

@@ -135,3 +135,57 @@ def test_tampered_input_copy_is_detected(tmp_path):
     )
     (tmp_path / "r" / "inputs" / "prompts.json").write_text("{} ")
     assert "no longer has the recorded hash" in validate_run(tmp_path / "r").first_failure()
+
+
+# --- Slurm files: the ledger beside a submitted benchmark run, an array task's outcome -------------------------------
+
+JOB = {"key": "benchmark", "stage": "benchmark", "kind": "benchmark", "job_id": "12", "array": None,
+       "dependency": None, "log": "slurm-benchmark-12.out", "status": "interrupted",
+       "reason": "job 12 was cancelled (scancel) (exit code 143, on n1)",
+       "tasks": [{"job_id": "12", "state": "CANCELLED", "reason": "None", "exit_code": "0:15", "nodes": "n1"}]}  # fmt: skip
+LEDGER = {"schema_version": 1, "submissions": [{"submitted_at": "2026-11-30T12:00:00Z", "command_line": ["invoke"],
+                                                "runtime": "local", "python": "python3", "jobs": [JOB]}]}  # fmt: skip
+
+
+def test_the_ledger_beside_a_submitted_run_is_validated(completed_run):
+    ledger = completed_run.with_name("run.slurm") / "jobs.json"
+    ledger.parent.mkdir()
+    ledger.write_text(json.dumps(LEDGER))
+    report = validate_run(completed_run)
+    assert report.ok and report.verdicts[-1].line() == "ok   ../run.slurm/jobs.json (slurm-jobs)"
+    broken = {**LEDGER, "submissions": [{**LEDGER["submissions"][0], "jobs": [{**JOB, "job_id": "12.0"}]}]}
+    ledger.write_text(json.dumps(broken))
+    report = validate_run(completed_run)
+    assert not report.ok and report.first_failure().startswith(
+        "../run.slurm/jobs.json: $.submissions[0].jobs[0].job_id: '12.0'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [({"kind": "container"}, "kind"), ({"status": "running"}, "status"), ({"dependency": "after:12"}, "dependency"),
+     ({"tasks": [{**JOB["tasks"][0], "exit_code": "143"}]}, "tasks[0].exit_code")],
+)  # fmt: skip
+def test_the_ledger_schema_refuses_what_the_kit_never_writes(change, path):
+    from draftscope import schema
+
+    bad = {**LEDGER, "submissions": [{**LEDGER["submissions"][0], "jobs": [{**JOB, **change}]}]}
+    assert schema.problems(LEDGER, "slurm-jobs") == []
+    assert [p.path for p in schema.problems(bad, "slurm-jobs")] == [f"$.submissions[0].jobs[0].{path}"]
+
+
+def test_an_array_tasks_outcome_is_checked_before_it_is_written(tmp_path, monkeypatch):
+    from draftscope.errors import UserError
+    from draftscope.jsonio import read_json
+    from draftscope.slurm import node, shards
+
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "9")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    node._record_shard(tmp_path, "regen", 1, 2, status="running", reason=None, seconds=0.0, exit_code=None,
+                       image=None, started_at="2026-11-30T12:00:00Z")  # fmt: skip
+    written = read_json(shards.outcome_path(tmp_path, 1))
+    assert written["status"] == "running" and written["job_id"] == "9_1" and written["array_job_id"] == "9"
+    with pytest.raises(UserError, match=r"\$\.status: 'stopped' is not allowed; fix: use one of 'running'"):
+        node._record_shard(tmp_path, "regen", 1, 2, status="stopped", reason=None, seconds=1.0, exit_code=0,
+                           image=None, started_at="2026-11-30T12:00:00Z")  # fmt: skip
+    assert read_json(shards.outcome_path(tmp_path, 1))["status"] == "running"  # the valid record stays

@@ -28,6 +28,7 @@ from typing import Any
 from draftscope.errors import UserError
 
 RESULT_SCHEMA_VERSION = 1
+RESULT_SCHEMA = "stage-result"  # stages/<stage>.result.json
 
 
 def write_result(path: str | None, stage: str, started: float, exit_code: int, counts: dict[str, Any],
@@ -36,21 +37,21 @@ def write_result(path: str | None, stage: str, started: float, exit_code: int, c
         return
     from draftscope.__main__ import versions
     from draftscope.jsonio import atomic_write_json
+    from draftscope.schema import check
 
     target = Path(path)
+    result = {
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "stage": stage,
+        "exit_code": exit_code,
+        "seconds": round(time.monotonic() - started, 3),
+        "versions": versions(),
+        "counts": counts,
+        "notes": notes or [],
+    }
+    check(result, RESULT_SCHEMA, str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(
-        target,
-        {
-            "schema_version": RESULT_SCHEMA_VERSION,
-            "stage": stage,
-            "exit_code": exit_code,
-            "seconds": round(time.monotonic() - started, 3),
-            "versions": versions(),
-            "counts": counts,
-            "notes": notes or [],
-        },
-    )
+    atomic_write_json(target, result)
 
 
 def run_forwarding(argv: list[str], env: dict[str, str] | None = None) -> int:

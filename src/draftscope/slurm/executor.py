@@ -35,6 +35,7 @@ from draftscope.pipeline.runner import StageOutcome
 from draftscope.provenance import command_line, now
 from draftscope.runtime import Runtime
 from draftscope.runtime.base import tail
+from draftscope.schema import check
 from draftscope.slurm import client, jobs, planfile
 from draftscope.slurm.states import JobState, summarize, worst
 
@@ -42,6 +43,7 @@ Printer = Callable[[str], None]
 CANCEL_WAIT_S = 120.0
 UNREACHABLE_S = 300.0  # how long the executor keeps asking a controller that does not answer
 LEDGER_VERSION = 1
+LEDGER_SCHEMA = "slurm-jobs"
 
 
 @dataclass
@@ -132,6 +134,7 @@ class Ledger:
 
     def save(self, submitted: Sequence[Submitted]) -> None:
         self.data["submissions"][-1]["jobs"] = [s.to_dict(self.workdir) for s in submitted]
+        check(self.data, LEDGER_SCHEMA, str(self.path))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.path, self.data)
 

@@ -34,6 +34,7 @@ from draftscope.pipeline.plan import StagePlan
 from draftscope.plan import Step
 from draftscope.provenance import now
 from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime
+from draftscope.schema import check as check_schema
 from draftscope.slurm import jobs, planfile, shards, states
 
 Say = Callable[[str], None]
@@ -223,6 +224,7 @@ def _record_shard(workdir: Path, stage: str, shard: int, count: int, *, status: 
         "finished_at": now(),
     }
     path = shards.outcome_path(workdir, shard, stage)
+    check_schema(record, shards.OUTCOME_SCHEMA, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, record)
 

@@ -64,6 +64,9 @@ def output_dir(workdir: Path, shard: int, stage: str = STAGE) -> Path:
     return workdir / stage / "shards" / str(shard)
 
 
+OUTCOME_SCHEMA = "slurm-shard"  # slurm/shards/<stage>/<I>.json
+
+
 def outcome_path(workdir: Path, shard: int, stage: str = STAGE) -> Path:
     return workdir / SLURM_DIR / "shards" / stage / f"{shard}.json"
 
@@ -326,7 +329,7 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
     seconds = max(
         float(o.get("seconds", 0)) for o in outcomes if o
     )  # the longest shard: the array's wall time
-    atomic_write_json(workdir / "stages" / f"{STAGE}.result.json", {
+    _write_result(workdir / "stages" / f"{STAGE}.result.json", {
         "schema_version": RESULT_SCHEMA_VERSION,
         "stage": STAGE,
         "exit_code": 0,
@@ -337,6 +340,13 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
                   f"each the argv above with --shard/--shards and its own files; merged by job {job_id}"],
     })  # fmt: skip
     return Outcome(sp.stage.name, "completed", 0, seconds + time.monotonic() - started, None, None)
+
+
+def _write_result(path: Path, result: dict[str, Any]) -> None:
+    from draftscope.pipeline.__main__ import RESULT_SCHEMA
+
+    check(result, RESULT_SCHEMA, str(path))
+    atomic_write_json(path, result)
 
 
 # --- hsextract's check job --------------------------------------------------------------------------------------
@@ -382,7 +392,7 @@ def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards:
         if found:
             counts[key] = sum(int(v) for v in found)
     counts["shards"] = shards
-    atomic_write_json(final, {
+    _write_result(final, {
         **result,
         "seconds": round(seconds + outcome.seconds, 3),
         "counts": counts,
