@@ -132,3 +132,18 @@ def test_unpinned_reference_refuses_a_real_run():
     assert "<unpinned" in ref.display()
     with pytest.raises(UserError, match=r"no pinned revision.*fix: pin the full"):
         ref.require_pinned("target")
+
+
+def test_a_preset_without_source_is_told_that_alone():
+    """The hub/kit_model conditions hold only once `source` is given: one problem, naming `source`."""
+    import yaml
+
+    from draftscope import schema
+    from draftscope.resources import presets_dir
+
+    doc = yaml.safe_load((presets_dir() / "models" / "tiny.yaml").read_text())
+    del doc["source"]
+    found = schema.problems(doc, "model-preset")
+    assert [(p.path, p.message) for p in found] == [
+        ("$", "'source' is required but missing; fix: add 'source': one of 'hub', 'kit'")
+    ]
