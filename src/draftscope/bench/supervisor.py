@@ -112,10 +112,12 @@ def run_benchmark(
     kind: str = "benchmark",
     notes: Sequence[str] = (),
     explain: Callable[[Outcome], Outcome] | None = None,
+    grace_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Run one benchmark into a new run directory; `kind="reproduce"` (with `notes`) marks a reproduction.
     `explain` may restate how a step ended before it is recorded (inside a Slurm job: a SIGTERM is Slurm's time
-    limit or a cancellation, which Slurm is asked about)."""
+    limit or a cancellation, which Slurm is asked about); `grace_seconds` bounds how long a stopped step may take
+    to end before it is killed (inside a job: less than Slurm's KillWait)."""
     plan = plan_benchmark(config, str(output))
     runtime = get_runtime(config.runtime)
     preflight(plan, runtime)
@@ -134,6 +136,8 @@ def run_benchmark(
         )
         supervision = run.supervision
         ctx = replace(context_for(output), on_start=supervision.step if supervision else None)
+        if grace_seconds is not None:
+            ctx = replace(ctx, grace_seconds=grace_seconds)
         steps: list[dict[str, Any]] = []  # each step's outcome, filled in as they end
         try:
             (run.path / RECORDS).touch()  # a run killed before its first record still has the file

@@ -294,7 +294,7 @@ def run_benchmark(job_file: Path, *, say: Say = say) -> int:
     note = (f"supervised in Slurm job {job_id() or 'none'} on {nodes} (invoke benchmark --executor slurm, "
             f"submitted from {loaded.doc.get('host')})")  # fmt: skip
     manifest = supervise(loaded.config, loaded.output, argv=list(loaded.doc["argv"]), say=say, notes=[note],
-                         explain=explain_stop)  # fmt: skip
+                         explain=explain_stop, grace_seconds=stop_grace())  # fmt: skip
     reason = manifest.get("reason")
     say(f"{loaded.output}: {manifest['status']}" + (f" ({reason})" if reason else ""))
     return 0 if manifest["status"] == "completed" else 1
