@@ -25,6 +25,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def engine() -> str:
+    """A container engine that answers (containerlib): its version."""
+    from containerlib import engine_version
+
+    return engine_version()
+
+
+@pytest.fixture(scope="session")
+def kit_image(engine) -> str:
+    """The kit's transformers image, built from its Dockerfile on the local base (containerlib): its reference."""
+    from containerlib import build_kit_image
+
+    return build_kit_image()
+
+
 @pytest.fixture
 def repo_root():
     return ROOT

@@ -1,8 +1,10 @@
-"""A real container engine for the `container` tier: podman (runc) behind its Docker-compatible API, driven
-by the docker CLI; the transformers image built from its real Dockerfile on a locally bootstrapped base.
+"""A real container engine for the `container` tier (and the Slurm tier's container benchmark): podman (runc)
+behind its Docker-compatible API, driven by the docker CLI; the transformers image built from its real Dockerfile
+on a locally bootstrapped base. The session fixtures `engine` and `kit_image` (tests/conftest.py) call
+`engine_version` and `build_kit_image`.
 
 Set-up (root, Debian): `images/local/podman-engine.sh install` then `eval "$(images/local/podman-engine.sh start)"`;
-`.ci/run` does both. Without an answering engine the tier is skipped locally and fails under CI=true.
+`.ci/run` does both. Without an answering engine the tests that need one are skipped locally and fail under CI=true.
 """
 
 from __future__ import annotations
@@ -13,11 +15,18 @@ import sys
 
 import pytest
 
-from containerlib import BASE, ROOT, TORCH_PIN, docker
+from support import ROOT
+
+BASE = "localhost/debian-py:ci"
+TORCH_PIN = "torch==2.13.0"
 
 
-@pytest.fixture(scope="session")
-def engine() -> str:
+def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def engine_version() -> str:
+    """Start the test engine unless DOCKER_HOST names one; its version. Skips (fails under CI) without one."""
     if not os.environ.get("DOCKER_HOST"):
         started = subprocess.run(
             [str(ROOT / "images/local/podman-engine.sh"), "start"],
@@ -54,8 +63,7 @@ def _has_docker() -> bool:
     return which("docker") is not None
 
 
-@pytest.fixture(scope="session")
-def kit_image(engine) -> str:
+def build_kit_image() -> str:
     """The real images/transformers/Dockerfile, on the local base, with the host's CPU torch wheel."""
     if docker("image", "inspect", BASE).returncode != 0:
         subprocess.run([str(ROOT / "images/local/base-image.sh"), BASE], check=True, timeout=900)
