@@ -185,6 +185,7 @@ def test_an_array_tasks_outcome_is_checked_before_it_is_written(tmp_path, monkey
                        image=None, started_at="2026-11-30T12:00:00Z")  # fmt: skip
     written = read_json(shards.outcome_path(tmp_path, 1))
     assert written["status"] == "running" and written["job_id"] == "9_1" and written["array_job_id"] == "9"
+    assert written["finished_at"] is None
     with pytest.raises(UserError, match=r"\$\.status: 'stopped' is not allowed; fix: use one of 'running'"):
         node._record_shard(tmp_path, "regen", 1, 2, status="stopped", reason=None, seconds=1.0, exit_code=0,
                            image=None, started_at="2026-11-30T12:00:00Z")  # fmt: skip

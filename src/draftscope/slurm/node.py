@@ -221,7 +221,7 @@ def _record_shard(workdir: Path, stage: str, shard: int, count: int, *, status: 
         "nodes": os.environ.get("SLURM_JOB_NODELIST"),
         "image": image,
         "started_at": started_at,
-        "finished_at": now(),
+        "finished_at": None if status == "running" else now(),
     }
     path = shards.outcome_path(workdir, shard, stage)
     check_schema(record, shards.OUTCOME_SCHEMA, str(path))
