@@ -157,7 +157,7 @@ def validate_workdir(path: Path) -> Report:
     from draftscope.pipeline.base import STAGES_DIR
     from draftscope.pipeline.state import RECORD_SCHEMA, fingerprint
 
-    path = Path(path)
+    path = Path(path).absolute()  # the plan's paths are absolute: outputs are shown relative to the workdir
     if not (path / PIPELINE_FILE).is_file():
         raise UserError("no pipeline.json here: not a pipeline workdir", source=str(path),
                         fix="give the --workdir of an `invoke pipeline` run, or a run directory")  # fmt: skip

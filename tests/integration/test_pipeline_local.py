@@ -115,7 +115,9 @@ def test_local_stages_run_record_skip_and_rerun(setup, tmp_path):
     assert len((workdir / "invocations.jsonl").read_text().splitlines()) == 4
 
 
-def test_validate_checks_a_workdirs_records_outputs_and_their_hashes_where_it_lies_now(setup, tmp_path):
+def test_validate_checks_a_workdirs_records_outputs_and_their_hashes_where_it_lies_now(
+    setup, tmp_path, monkeypatch
+):
     workdir = tmp_path / "w"
     checkpoint(workdir, "dflash")
     assert run(setup, workdir).returncode == 0
@@ -135,6 +137,11 @@ def test_validate_checks_a_workdirs_records_outputs_and_their_hashes_where_it_li
     ):
         assert expected in lines, checked.stdout
     assert lines[-1] == f"{moved}: all {len(lines) - 1} file(s) valid"
+    from draftscope.validate import validate_path
+
+    monkeypatch.setenv("DRAFTSCOPE_PRESETS", env["DRAFTSCOPE_PRESETS"])
+    monkeypatch.chdir(tmp_path)  # typed relative to the current folder: the same verdicts
+    assert [v.line() for v in validate_path(Path("moved")).verdicts] == lines[:-1]
 
     with (moved / "pretokenize" / "rows.jsonl").open("a") as handle:
         handle.write("{}\n")
