@@ -160,6 +160,49 @@ def test_a_shard_killed_after_it_started_is_explained_by_slurms_record_of_its_ta
     assert outcome.status == "failed" and "shard 0 of 2 ended without recording how" in outcome.reason
 
 
+def test_task_indices_read_every_form_of_array_task_id():
+    assert shards.task_indices("3") == [3]
+    assert shards.task_indices("0-3") == [0, 1, 2, 3]
+    assert shards.task_indices("0,2-3") == [0, 2, 3]
+    assert shards.task_indices("0-7%2") == list(range(8))  # a throttle
+    assert shards.task_indices("") == [] and shards.task_indices("N/A") == []
+
+
+def test_an_array_cancelled_before_any_task_started_is_named_from_the_ledger(run, monkeypatch):
+    """No task wrote anything: the ledger's submission that holds this merge job names the array, and Slurm's
+    record of its still-pending range says what happened to every task."""
+    from draftscope.slurm import client, states
+
+    ledger = {"schema_version": 1, "submissions": [
+        {"jobs": [{"key": "regen", "stage": "regen", "kind": "shards", "job_id": "7"}]},  # an earlier submission
+        {"jobs": [{"key": "regen", "stage": "regen", "kind": "shards", "job_id": "9"},
+                  {"key": "regen.merge", "stage": "regen", "kind": "merge", "job_id": "10"}]}]}  # fmt: skip
+    (run.workdir / "slurm").mkdir(parents=True)
+    atomic_write_json(run.workdir / "slurm" / "jobs.json", ledger)
+    asked = []
+
+    def show(job_id):
+        asked.append(job_id)
+        return [states.JobState("9_[0-1]", "CANCELLED", array_job_id="9", array_task="0-1")]
+
+    monkeypatch.setattr(client, "show", show)
+    monkeypatch.setenv("SLURM_JOB_ID", "10")
+    outcome = shards.merged_outcome(run, run.stages[0], 2, "10")
+    assert asked == ["9"] and outcome.status == "interrupted"
+    assert outcome.reason.startswith("shard 0 of 2 left no record: job 9_[0-1] was cancelled (scancel); see ")
+    assert "slurm-regen-9_<shard>.out" in outcome.reason and outcome.reason.endswith(
+        "1 more shard(s) did not complete"
+    )
+    # A merge job the ledger does not know (run by hand): nothing to ask about, the plain account
+    monkeypatch.setenv("SLURM_JOB_ID", "11")
+    outcome = shards.merged_outcome(run, run.stages[0], 2, "11")
+    assert asked == ["9"] and outcome.status == "failed"
+    assert (
+        "shard 0 of 2 ended without recording how" in outcome.reason
+        and "slurm-regen-?_<shard>" in outcome.reason
+    )
+
+
 def test_finished_shards_are_not_asked_about(run, monkeypatch):
     from draftscope.slurm import client
 

@@ -332,8 +332,9 @@ def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
     count = int(job["shards"])
     sp = loaded.stage(stage)
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
-    outcomes = [o for o in shards.shard_outcomes(plan.workdir, count) if o]
-    array = next((o.get("array_job_id") for o in outcomes), None)
+    all_outcomes = shards.shard_outcomes(plan.workdir, count)
+    outcomes = [o for o in all_outcomes if o]
+    array = shards.array_job(plan.workdir, stage, all_outcomes)
     runtime = loaded.runtime
     if isinstance(runtime, ContainerRuntime):
         image = next((o["image"] for o in outcomes if o.get("image")), None)
@@ -369,8 +370,7 @@ def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
     count = int(job["shards"])
     sp = loaded.stage(stage)
     ctx = job_context(plan.workdir)
-    outcomes = [o for o in shards.shard_outcomes(plan.workdir, count, stage) if o]
-    array = next((o.get("array_job_id") for o in outcomes), None)
+    array = shards.array_job(plan.workdir, stage, shards.shard_outcomes(plan.workdir, count, stage))
     say(f"{stage}: checking the output of the {count} task(s) of job array {array or '?'}")
     run = classified(runtime.run)
 

@@ -43,7 +43,7 @@ from draftscope.pipeline.plan import PipelinePlan, StagePlan
 from draftscope.plan import Step
 from draftscope.runtime import Context, Outcome, Runtime
 from draftscope.schema import check
-from draftscope.slurm.jobs import SLURM_DIR
+from draftscope.slurm.jobs import JOBS_FILE, SLURM_DIR
 from draftscope.slurm.states import JobState, worst
 
 STAGE = "regen"
@@ -153,13 +153,41 @@ def shard_outcomes(workdir: Path, shards: int, stage: str = STAGE) -> list[dict[
     return found
 
 
-def slurm_accounts(outcomes: Sequence[dict[str, Any] | None]) -> dict[int, JobState]:
+def array_job(workdir: Path, stage: str, outcomes: Sequence[dict[str, Any] | None]) -> str | None:
+    """The stage's job array id: from a task's outcome, else (no task ever started) from the ledger's submission
+    that holds this job (`SLURM_JOB_ID`, the merge or check job); None when neither says."""
+    found = next((o.get("array_job_id") for o in outcomes if o and o.get("array_job_id")), None)
+    if found:
+        return str(found)
+    me = os.environ.get("SLURM_JOB_ID")
+    try:
+        ledger = read_json(workdir / SLURM_DIR / JOBS_FILE)
+        submissions = list(ledger["submissions"])
+    except Exception:  # no ledger (a job run by hand), or a torn one
+        return None
+    for submission in reversed(submissions):
+        jobs = [j for j in submission.get("jobs") or () if isinstance(j, dict)]
+        if me and any(j.get("job_id") == me for j in jobs):
+            return next((str(j["job_id"]) for j in jobs if j.get("stage") == stage and j.get("kind") == "shards"),
+                        None)  # fmt: skip
+    return None
+
+
+def task_indices(text: str) -> list[int]:
+    """The task indices of an `ArrayTaskId` value: `3`, `0-7`, `0,2-3`, `0-7%2` (a throttle)."""
+    indices: list[int] = []
+    for part in text.split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            indices += range(int(first), int(last or first) + 1)
+    return indices
+
+
+def slurm_accounts(array: str | None, outcomes: Sequence[dict[str, Any] | None]) -> dict[int, JobState]:
     """Shard → Slurm's record of its task, asked only when a shard left no final outcome (killed before it could
-    write one, or cancelled before it started); empty when the array is unknown or Slurm does not answer."""
-    if all(o is not None and o.get("status") != "running" for o in outcomes):
-        return {}
-    array = next((o.get("array_job_id") for o in outcomes if o and o.get("array_job_id")), None)
-    if not array:
+    write one, or cancelled before it started: Slurm may keep such tasks as one record of a range, `12_[0-3]`);
+    empty when the array is unknown or Slurm does not answer."""
+    if not array or all(o is not None and o.get("status") != "running" for o in outcomes):
         return {}
     from draftscope.slurm import client
 
@@ -167,7 +195,14 @@ def slurm_accounts(outcomes: Sequence[dict[str, Any] | None]) -> dict[int, JobSt
         found = client.show(str(array)) or []
     except UserError:
         return {}
-    return {int(r.array_task): r for r in found if r.array_task and r.array_task.isdigit() and r.status}
+    accounts: dict[int, JobState] = {}
+    for record in sorted(
+        found, key=lambda r: not (r.array_task or "").isdigit()
+    ):  # a task's own record first
+        if record.status:
+            for index in task_indices(record.array_task or ""):
+                accounts.setdefault(index, record)
+    return accounts
 
 
 def not_completed(outcomes: Sequence[dict[str, Any] | None], array_log: str,
@@ -184,8 +219,8 @@ def not_completed(outcomes: Sequence[dict[str, Any] | None], array_log: str,
                 (i, str(o.get("status")), f"(job {o.get('job_id')}): {o.get('status')}: {o.get('reason')}")
             )
         elif i in accounts and accounts[i].status != "completed":
-            ended.append((i, str(accounts[i].status), f"ended before it recorded how: {accounts[i].explain()}; "
-                          f"see {array_log}"))  # fmt: skip
+            what = "left no record" if o is None else "ended before it recorded how"
+            ended.append((i, str(accounts[i].status), f"{what}: {accounts[i].explain()}; see {array_log}"))
         else:
             ended.append((i, "failed", f"ended without recording how (killed, out of memory or a lost node): "
                           f"see {array_log}"))  # fmt: skip
@@ -313,9 +348,9 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
     started = time.monotonic()
     workdir = plan.workdir
     outcomes = shard_outcomes(workdir, shards)
-    array = next((o.get("array_job_id") for o in outcomes if o), None) or "?"
-    log = workdir / "logs" / f"slurm-{STAGE}-{array}_<shard>.out"
-    failed = not_completed(outcomes, str(log), slurm_accounts(outcomes))
+    array = array_job(workdir, STAGE, outcomes)
+    log = workdir / "logs" / f"slurm-{STAGE}-{array or '?'}_<shard>.out"
+    failed = not_completed(outcomes, str(log), slurm_accounts(array, outcomes))
     if failed:
         status, reason = failed
         return Outcome(sp.stage.name, status, None, time.monotonic() - started, reason, None)
@@ -336,7 +371,7 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
         "seconds": round(seconds, 3),
         "versions": dict((results[0].get("versions") or {}) if results else {}),
         "counts": counts,
-        "notes": [f"ran as Slurm job array {array} of {shards} shard(s) (rows k with k mod {shards} == shard), "
+        "notes": [f"ran as Slurm job array {array or '?'} of {shards} shard(s) (rows k with k mod {shards} == shard), "
                   f"each the argv above with --shard/--shards and its own files; merged by job {job_id}"],
     })  # fmt: skip
     return Outcome(sp.stage.name, "completed", 0, seconds + time.monotonic() - started, None, None)
@@ -370,10 +405,9 @@ def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards:
     started = time.monotonic()
     workdir, stage = plan.workdir, sp.stage.name
     outcomes = shard_outcomes(workdir, shards, stage)
-    array = next((o.get("array_job_id") for o in outcomes if o), None) or "?"
-    failed = not_completed(
-        outcomes, str(workdir / "logs" / f"slurm-{stage}-{array}_<shard>.out"), slurm_accounts(outcomes)
-    )
+    array = array_job(workdir, stage, outcomes)
+    log = workdir / "logs" / f"slurm-{stage}-{array or '?'}_<shard>.out"
+    failed = not_completed(outcomes, str(log), slurm_accounts(array, outcomes))
     if failed:
         status, reason = failed
         return Outcome(stage, status, None, time.monotonic() - started, reason, None)
@@ -397,7 +431,7 @@ def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards:
         "seconds": round(seconds + outcome.seconds, 3),
         "counts": counts,
         "notes": [*(result.get("notes") or []),
-                  f"ran as Slurm job array {array} of {shards} task(s) (rows split by --world-size/--rank, "
+                  f"ran as Slurm job array {array or '?'} of {shards} task(s) (rows split by --world-size/--rank, "
                   f"speculators' contiguous blocks), each the argv above restricted to its blocks with its own "
                   f"--result/--summary/--commands/--logs; whole output checked by job {job_id}"],
     })  # fmt: skip
