@@ -154,7 +154,7 @@ def _add_file(report: Report, file: Path, schema: str, shown: str) -> dict | Non
 def validate_workdir(path: Path) -> Report:
     """Validate a pipeline workdir: records, outputs (hashes and schemas), results, the Slurm ledger and tasks."""
     from draftscope.pipeline import registry
-    from draftscope.pipeline.base import STAGES_DIR
+    from draftscope.pipeline.base import STAGES_DIR, Artifact
     from draftscope.pipeline.state import RECORD_SCHEMA, fingerprint
 
     path = Path(path).absolute()  # the plan's paths are absolute: outputs are shown relative to the workdir
@@ -183,8 +183,6 @@ def validate_workdir(path: Path) -> Report:
         for entry in record.get("outputs") or []:
             artifact = planned.get(entry["name"])
             if artifact is None:  # the plan no longer declares it (another kit version): the recorded path
-                from draftscope.pipeline.base import Artifact
-
                 artifact = Artifact(entry["name"], Path(entry["path"]), entry.get("kind", "file"))
             where = shown(artifact.path) if artifact.path.is_relative_to(path) else str(artifact.path)
             now = fingerprint(artifact)

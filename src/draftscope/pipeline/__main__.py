@@ -36,11 +36,8 @@ def write_result(path: str | None, stage: str, started: float, exit_code: int, c
     if not path:
         return
     from draftscope.__main__ import versions
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.schema import check
 
-    target = Path(path)
-    result = {
+    save_result(Path(path), {
         "schema_version": RESULT_SCHEMA_VERSION,
         "stage": stage,
         "exit_code": exit_code,
@@ -48,10 +45,17 @@ def write_result(path: str | None, stage: str, started: float, exit_code: int, c
         "versions": versions(),
         "counts": counts,
         "notes": notes or [],
-    }
-    check(result, RESULT_SCHEMA, str(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(target, result)
+    })  # fmt: skip
+
+
+def save_result(path: Path, result: dict[str, Any]) -> None:
+    """A stage's result file (a stage's own process, or the job after a Slurm job array), checked first."""
+    from draftscope.jsonio import atomic_write_json
+    from draftscope.schema import check
+
+    check(result, RESULT_SCHEMA, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, result)
 
 
 def run_forwarding(argv: list[str], env: dict[str, str] | None = None) -> int:

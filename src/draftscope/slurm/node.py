@@ -319,25 +319,38 @@ def cleanup_benchmark(job_file: Path) -> int:
 # --- merge and cleanup --------------------------------------------------------------------------------------------
 
 
+def _after_array(
+    plan_file: Path, stage: str, expected: str, refusal: str, fix: str
+) -> tuple[planfile.Loaded, int, StagePlan, list[dict[str, Any] | None], str | None]:
+    """The job after a stage's job array (merge, check): the submitted plan, the task count, the stage, the tasks'
+    outcomes and the array's id. Refused for a stage other than `expected`."""
+    loaded = planfile.load(plan_file)
+    job = loaded.job(stage)
+    if job["kind"] != "shards" or stage != expected:
+        raise UserError(refusal, field="--stage", value=stage, fix=fix)
+    count = int(job["shards"])
+    outcomes = shards.shard_outcomes(loaded.plan.workdir, count, stage)
+    return (
+        loaded,
+        count,
+        loaded.stage(stage),
+        outcomes,
+        shards.array_job(loaded.plan.workdir, stage, outcomes),
+    )
+
+
 def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
     """The job after a job array: account for every shard, merge their outputs, write the stage record."""
     from draftscope.pipeline import runner
 
-    loaded = planfile.load(plan_file)
+    loaded, count, sp, outcomes, array = _after_array(
+        plan_file, stage, shards.STAGE, f"stage {stage} is not a job array merged by the kit",
+        "merge --stage regen (hsextract's array is followed by check)")  # fmt: skip
     plan = loaded.plan
-    job = loaded.job(stage)
-    if job["kind"] != "shards" or stage != shards.STAGE:
-        raise UserError(f"stage {stage} is not a job array merged by the kit", field="--stage", value=stage,
-                        fix="merge --stage regen (hsextract's array is followed by check)")  # fmt: skip
-    count = int(job["shards"])
-    sp = loaded.stage(stage)
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
-    all_outcomes = shards.shard_outcomes(plan.workdir, count)
-    outcomes = [o for o in all_outcomes if o]
-    array = shards.array_job(plan.workdir, stage, all_outcomes)
     runtime = loaded.runtime
     if isinstance(runtime, ContainerRuntime):
-        image = next((o["image"] for o in outcomes if o.get("image")), None)
+        image = next((o["image"] for o in outcomes if o and o.get("image")), None)
         runtime = RecordedImage(runtime.engine, image or {"reference": image_reference(sp.step.image)})
     say(f"{stage}: merging the {count} shard(s) of job array {array or '?'} here, in the kit's environment")
 
@@ -361,16 +374,10 @@ def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
     the stage's image through the runtime), the stage's summary and record."""
     from draftscope.pipeline import runner
 
-    loaded = planfile.load(plan_file)
+    loaded, count, sp, _, array = _after_array(plan_file, stage, shards.HSEXTRACT, f"stage {stage} has no check job",
+                                               "check --stage hsextract")  # fmt: skip
     plan, runtime = loaded.plan, loaded.runtime
-    job = loaded.job(stage)
-    if job["kind"] != "shards" or stage != shards.HSEXTRACT:
-        raise UserError(f"stage {stage} has no check job", field="--stage", value=stage,
-                        fix="check --stage hsextract")  # fmt: skip
-    count = int(job["shards"])
-    sp = loaded.stage(stage)
     ctx = job_context(plan.workdir)
-    array = shards.array_job(plan.workdir, stage, shards.shard_outcomes(plan.workdir, count, stage))
     say(f"{stage}: checking the output of the {count} task(s) of job array {array or '?'}")
     run = classified(runtime.run)
 

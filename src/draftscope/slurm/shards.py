@@ -48,7 +48,6 @@ from draftscope.slurm.states import JobState, worst
 
 STAGE = "regen"
 HSEXTRACT = "hsextract"
-ARRAYS = (STAGE, HSEXTRACT)  # the stages that run as job arrays
 MAX_PORT = 65535
 
 
@@ -196,9 +195,10 @@ def slurm_accounts(array: str | None, outcomes: Sequence[dict[str, Any] | None])
     except UserError:
         return {}
     accounts: dict[int, JobState] = {}
-    for record in sorted(
+    own_first = sorted(
         found, key=lambda r: not (r.array_task or "").isdigit()
-    ):  # a task's own record first
+    )  # a task's record, then ranges
+    for record in own_first:
         if record.status:
             for index in task_indices(record.array_task or ""):
                 accounts.setdefault(index, record)
@@ -231,6 +231,17 @@ def not_completed(outcomes: Sequence[dict[str, Any] | None], array_log: str,
     i, _, why = next(e for e in ended if e[1] == status)
     more = len(ended) - 1
     return status, f"shard {i} of {n} {why}" + (f"; {more} more shard(s) did not complete" if more else "")
+
+
+def array_end(
+    workdir: Path, stage: str, shards: int
+) -> tuple[list[dict[str, Any] | None], str | None, tuple[str, str] | None]:
+    """How a stage's job array ended, for the job after it: the tasks' outcomes, the array's id, and (status,
+    reason) when a task did not complete (`not_completed`, with Slurm's records of the silent tasks)."""
+    outcomes = shard_outcomes(workdir, shards, stage)
+    array = array_job(workdir, stage, outcomes)
+    log = workdir / "logs" / f"slurm-{stage}-{array or '?'}_<shard>.out"
+    return outcomes, array, not_completed(outcomes, str(log), slurm_accounts(array, outcomes))
 
 
 def _index(path: Path) -> dict[str, tuple[int, int]]:
@@ -343,14 +354,11 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
     stage record (versions of shard 0's image, counts summed)."""
     import time
 
-    from draftscope.pipeline.__main__ import RESULT_SCHEMA_VERSION
+    from draftscope.pipeline.__main__ import RESULT_SCHEMA_VERSION, save_result
 
     started = time.monotonic()
     workdir = plan.workdir
-    outcomes = shard_outcomes(workdir, shards)
-    array = array_job(workdir, STAGE, outcomes)
-    log = workdir / "logs" / f"slurm-{STAGE}-{array or '?'}_<shard>.out"
-    failed = not_completed(outcomes, str(log), slurm_accounts(array, outcomes))
+    outcomes, array, failed = array_end(workdir, STAGE, shards)
     if failed:
         status, reason = failed
         return Outcome(sp.stage.name, status, None, time.monotonic() - started, reason, None)
@@ -364,7 +372,7 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
     seconds = max(
         float(o.get("seconds", 0)) for o in outcomes if o
     )  # the longest shard: the array's wall time
-    _write_result(workdir / "stages" / f"{STAGE}.result.json", {
+    save_result(workdir / "stages" / f"{STAGE}.result.json", {
         "schema_version": RESULT_SCHEMA_VERSION,
         "stage": STAGE,
         "exit_code": 0,
@@ -375,13 +383,6 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
                   f"each the argv above with --shard/--shards and its own files; merged by job {job_id}"],
     })  # fmt: skip
     return Outcome(sp.stage.name, "completed", 0, seconds + time.monotonic() - started, None, None)
-
-
-def _write_result(path: Path, result: dict[str, Any]) -> None:
-    from draftscope.pipeline.__main__ import RESULT_SCHEMA
-
-    check(result, RESULT_SCHEMA, str(path))
-    atomic_write_json(path, result)
 
 
 # --- hsextract's check job --------------------------------------------------------------------------------------
@@ -402,12 +403,11 @@ def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards:
     the shards' counts and a note on the array."""
     import time
 
+    from draftscope.pipeline.__main__ import save_result
+
     started = time.monotonic()
     workdir, stage = plan.workdir, sp.stage.name
-    outcomes = shard_outcomes(workdir, shards, stage)
-    array = array_job(workdir, stage, outcomes)
-    log = workdir / "logs" / f"slurm-{stage}-{array or '?'}_<shard>.out"
-    failed = not_completed(outcomes, str(log), slurm_accounts(array, outcomes))
+    outcomes, array, failed = array_end(workdir, stage, shards)
     if failed:
         status, reason = failed
         return Outcome(stage, status, None, time.monotonic() - started, reason, None)
@@ -426,7 +426,7 @@ def checked_outcome(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, shards:
         if found:
             counts[key] = sum(int(v) for v in found)
     counts["shards"] = shards
-    _write_result(final, {
+    save_result(final, {
         **result,
         "seconds": round(seconds + outcome.seconds, 3),
         "counts": counts,
