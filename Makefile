@@ -39,7 +39,7 @@ $(TRAIN_VENV)/.installed: .ci/train-requirements.txt pyproject.toml
 train-env: $(TRAIN_VENV)/.installed
 
 # The whole kit on a CPU in minutes: tiny baseline, speculative and prefix-head benchmarks, a head study, the tiny
-# pipeline through convert, validation, a report and comparisons (see src/draftscope/demo.py).
+# pipeline through convert, validation, a report and comparisons (see src/draftscope/ops/demo.py).
 demo: setup train-env
 	$(BIN)/invoke demo --train-python $(TRAIN_VENV)/bin/python
 
@@ -111,4 +111,4 @@ dist: setup
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 	$(BIN)/twine check --strict dist/*
-	$(BIN)/python -m draftscope.images record-wheel dist
+	$(BIN)/python -m draftscope.ops.images record-wheel dist

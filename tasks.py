@@ -1,9 +1,9 @@
 """invoke tasks for draftscope. `invoke --list` shows them; each task's docstring is its --help.
 
-The task bodies live in `draftscope.cli` so that the installed `draftscope` command runs the same tasks.
+The task bodies live in `draftscope.cli.tasks` so that the installed `draftscope` command runs the same tasks.
 """
 
-from draftscope.cli import join_variadic, ns  # noqa: F401  (invoke looks for `ns` here)
+from draftscope.cli.tasks import join_variadic, ns  # noqa: F401  (invoke looks for `ns` here)
 
 
 def _accept_several_runs() -> None:

@@ -113,6 +113,6 @@ def build_kit_image() -> str:
         timeout=1800,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    from draftscope.images import image_reference
+    from draftscope.ops.images import image_reference
 
     return image_reference("transformers")

@@ -28,14 +28,24 @@ def run_invoke(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, 
 def tiny_benchmark(runtime: str = "local", *extra: str) -> list[str]:
     """`invoke benchmark` arguments for the kit-built tiny models on the CPU (add --output and the rest)."""
     return [
-        "benchmark", "--backend", "transformers", "--preset", "tiny", "--device", "cpu", "--runtime", runtime,
-        "--prompts", "examples/prompts.json", *extra,
-    ]  # fmt: skip
+        "benchmark",
+        "--backend",
+        "transformers",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--runtime",
+        runtime,
+        "--prompts",
+        "examples/prompts.json",
+        *extra,
+    ]
 
 
 # `invoke pipeline …` through the pipeline's own tasks, in a fresh interpreter (the environment decides which kit).
 INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
+    "from invoke import Collection, Program; from draftscope.cli.pipeline import PIPELINE_TASKS; "
     "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
 )
 

@@ -6,6 +6,6 @@ Importing the package is cheap and never imports torch, vLLM, SGLang or speculat
 
 __version__ = "0.1.0"
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 
 __all__ = ["UserError", "__version__"]

@@ -12,7 +12,7 @@ import platform
 import sys
 
 from draftscope import __version__
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "vllm", "sglang", "speculators", "triton")
 
@@ -30,7 +30,7 @@ def versions() -> dict[str, str | None]:
 
 def selfcheck() -> dict[str, object]:
     """A cheap health check: the package imports, its schemas load and compile, versions are readable."""
-    from draftscope import schema
+    from draftscope.core import schema
 
     names = schema.schema_names()
     for name in names:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.plan import CACHE_MOUNT, RUN_MOUNT, plan_benchmark
-from draftscope.presets import load_experiment
+from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT, plan_benchmark
+from draftscope.core.presets import load_experiment
 from draftscope.runtime import ContainerRuntime, Context
 
 from containerlib import ROOT

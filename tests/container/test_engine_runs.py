@@ -147,8 +147,12 @@ def test_a_supervisor_killed_outright_leaves_nothing_running_and_recover_finishe
     )
     try:
         deadline = time.monotonic() + 240
-        while "running" not in docker("ps", "--filter", f"label=draftscope.run={run.name}", "--format",
-                                      "{{.State}}").stdout:  # fmt: skip
+        while (
+            "running"
+            not in docker(
+                "ps", "--filter", f"label=draftscope.run={run.name}", "--format", "{{.State}}"
+            ).stdout
+        ):
             assert supervisor.poll() is None and time.monotonic() < deadline, "the container never started"
             time.sleep(0.5)
         time.sleep(3)  # the worker is loading or generating

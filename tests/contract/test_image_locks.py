@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from draftscope import images as I
+from draftscope.ops import images as I
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.contract

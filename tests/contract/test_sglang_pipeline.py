@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from releases import SGLANG_PLATFORM, SGLANG_VERSION, Release, pinned_release
 
+from draftscope.core.presets import model_preset_names
 from draftscope.pipeline import convert as C
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
-from draftscope.presets import model_preset_names
 
 pytestmark = pytest.mark.contract
 
@@ -63,8 +63,11 @@ def launch_flags(sglang: Release) -> dict[str, bool]:
     source = sglang.source("sglang.srt.arg_groups.arg_utils")
     assert 'return "--" + name.replace("_", "-")' in source and 'action="store_true"' in source
     flags: dict[str, bool] = {}
-    modules = sorted(n[:-3].replace("/", ".") for n in sglang._names
-                     if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py"))  # fmt: skip
+    modules = sorted(
+        n[:-3].replace("/", ".")
+        for n in sglang._names
+        if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")
+    )
     for module in modules:
         for node in ast.walk(sglang.tree(module)):
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
@@ -91,8 +94,12 @@ def launch_flags(sglang: Release) -> dict[str, bool]:
 def server_commands() -> Iterator[tuple[str, str, str, list[str]]]:
     for preset in model_preset_names():
         for draft in DRAFTS:
-            plan = planning.build(load_pipeline_config(draft=draft, preset=preset), registry.select("serve,bench"),
-                                  Path("/tmp/w"), "docker")  # fmt: skip
+            plan = planning.build(
+                load_pipeline_config(draft=draft, preset=preset),
+                registry.select("serve,bench"),
+                Path("/tmp/w"),
+                "docker",
+            )
             for sp in plan.stages:
                 for command in sp.commands:
                     yield preset, draft, sp.stage.name, list(command.argv)

@@ -83,11 +83,18 @@ def keys_written(node: ast.AST, var: str) -> dict[str, ast.expr | None]:
             for target in n.targets:
                 if isinstance(target, ast.Name) and target.id == var and isinstance(n.value, ast.Dict):
                     found.update(dict_items(n.value))
-                if (isinstance(target, ast.Subscript) and getattr(target.value, "id", None) == var
-                        and isinstance(target.slice, ast.Constant)):  # fmt: skip
+                if (
+                    isinstance(target, ast.Subscript)
+                    and getattr(target.value, "id", None) == var
+                    and isinstance(target.slice, ast.Constant)
+                ):
                     found[target.slice.value] = n.value
-        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "update"
-                and getattr(n.func.value, "id", None) == var):  # fmt: skip
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "update"
+            and getattr(n.func.value, "id", None) == var
+        ):
             for arg in n.args:
                 if isinstance(arg, ast.Dict):
                     found.update(dict_items(arg))
@@ -105,8 +112,13 @@ def routes(release: Release, module: str) -> dict[tuple[str, str], str]:
     for node in ast.walk(release.tree(module)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             for d in node.decorator_list:
-                if (isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and getattr(d.func.value, "id", "") == "app"
-                        and d.args and isinstance(d.args[0], ast.Constant)):  # fmt: skip
+                if (
+                    isinstance(d, ast.Call)
+                    and isinstance(d.func, ast.Attribute)
+                    and getattr(d.func.value, "id", "") == "app"
+                    and d.args
+                    and isinstance(d.args[0], ast.Constant)
+                ):
                     out[(d.func.attr.upper(), d.args[0].value)] = node.name
     return out
 
@@ -179,8 +191,10 @@ def test_the_client_reads_only_fields_sglang_writes_into_meta_info(sglang):
     written = meta_info_keys(sglang)
     missing = [f for f in CLIENT_META_FIELDS if f not in written]
     assert not missing, missing
-    spec = keys_written(function(sglang, "sglang.srt.managers.tokenizer_manager", "_calculate_spec_decoding_metrics"),
-                        "meta_info")  # fmt: skip
+    spec = keys_written(
+        function(sglang, "sglang.srt.managers.tokenizer_manager", "_calculate_spec_decoding_metrics"),
+        "meta_info",
+    )
     assert set(SPEC_FIELDS) <= set(spec)
     # The formulas the module docstring relies on.
     assert (
@@ -317,8 +331,11 @@ def test_the_fakes_server_info_uses_sglangs_keys(sglang, fake_replies):
     for name in sglang._names:
         if name.startswith("sglang/srt/arg_groups/fields/") and name.endswith(".py"):
             module = name[:-3].replace("/", ".")
-            fields |= {n.target.id for n in ast.walk(sglang.tree(module))
-                       if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}  # fmt: skip
+            fields |= {
+                n.target.id
+                for n in ast.walk(sglang.tree(module))
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            }
     assert set(info) <= top | fields, set(info) - top - fields
     state_module = "sglang.srt.managers.scheduler_components.internal_state"
     written = set(keys_written(sglang.tree(state_module), "state"))

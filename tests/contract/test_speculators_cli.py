@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from releases import Release, ReleaseUnavailable, release_wheel
 
+from draftscope.core.presets import model_preset_names
 from draftscope.pipeline import convert as C
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
-from draftscope.presets import model_preset_names
 
 pytestmark = pytest.mark.contract
 
@@ -52,9 +52,12 @@ def test_the_wheels_are_the_pinned_releases(spec, hsc):
     assert spec.metadata("Version") == VERSION
     assert hsc.metadata("Version") == VERSION
     requires = (spec.metadata("Requires-Dist") or "") + " ".join(
-        line for line in spec._zip.read(next(n for n in spec._names if n.endswith("METADATA"))).decode().splitlines()
+        line
+        for line in spec._zip.read(next(n for n in spec._names if n.endswith("METADATA")))
+        .decode()
+        .splitlines()
         if line.startswith("Requires-Dist: hs-connectors")
-    )  # fmt: skip
+    )
     assert f"hs-connectors=={VERSION}" in requires
 
 
@@ -71,8 +74,13 @@ def planned(stage: str) -> Iterator[tuple[str, str, list[str]]]:
                 (sp,) = [s for s in plan.stages if s.stage.name == stage]
                 argvs = [list(sp.step.argv)] + [list(c.argv) for c in sp.commands]
                 for argv in argvs:
-                    yield preset, draft, argv[argv.index("--") + 1 :] if argv[:4] == [
-                        "python", "-m", "draftscope.pipeline", "exec"] else argv  # fmt: skip
+                    yield (
+                        preset,
+                        draft,
+                        argv[argv.index("--") + 1 :]
+                        if argv[:4] == ["python", "-m", "draftscope.pipeline", "exec"]
+                        else argv,
+                    )
     for draft in DRAFTS:  # the CPU path (tiny preset, local runtime, the trainer's device shim)
         resolved = load_pipeline_config(draft=draft, preset="tiny", opts=["device=cpu"])
         plan = planning.build(resolved, registry.select(stage), Path("/tmp/w"), "local")
@@ -119,8 +127,11 @@ def typer_options(release: Release, module: str, function: str) -> dict[str, Opt
     for arg in fn.args.args:
         kind, call = _annotation_parts(arg.annotation)
         is_bool = isinstance(kind, ast.Name) and kind.id == "bool"
-        declared = [a.value for a in (call.args if call else []) if isinstance(a, ast.Constant) and
-                    isinstance(a.value, str) and a.value.startswith("-")]  # fmt: skip
+        declared = [
+            a.value
+            for a in (call.args if call else [])
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+        ]
         flags: set[str] = set()
         for decl in declared:
             flags.update(decl.split("/"))
@@ -135,8 +146,12 @@ def registered_commands(release: Release) -> dict[str, str]:
     """CLI command name → function name, from `app.command(...)(function)` in speculators/cli/__init__.py."""
     found: dict[str, str] = {}
     for node in ast.walk(release.tree("speculators.cli")):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Call)
-                and getattr(node.func.func, "attr", "") == "command" and node.args):  # fmt: skip
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Call)
+            and getattr(node.func.func, "attr", "") == "command"
+            and node.args
+        ):
             function = node.args[0].id
             names = [k.value.value for k in node.func.keywords if k.arg == "name"]
             found[names[0] if names else function.replace("_", "-")] = function
@@ -245,8 +260,9 @@ def train_fields(release: Release) -> dict[str, Field_]:
             default = kw["default"].value if isinstance(kw.get("default"), ast.Constant) else "<factory>"
             tagged = getattr(kw.get("json_schema_extra"), "id", "") == "_CLI_BOOL_OPTIONAL"
             kind, choices = _kind(stmt.annotation)
-            fields[stmt.target.id] = Field_(stmt.target.id, kind, choices,
-                                            tagged or default is None or default is True, default)  # fmt: skip
+            fields[stmt.target.id] = Field_(
+                stmt.target.id, kind, choices, tagged or default is None or default is True, default
+            )
     return fields
 
 
@@ -313,8 +329,12 @@ def registered_speculator_types(release: Release) -> set[str]:
         module = f"speculators.models.{draft}.config"
         if release.has_module(module):
             for node in ast.walk(release.tree(module)):
-                if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "register"
-                        and node.args and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+                if (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "attr", "") == "register"
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                ):
                     found.add(node.args[0].value)
     return found
 
@@ -350,9 +370,17 @@ def config_fields(release: Release, draft: str) -> dict[str, object]:
 @pytest.mark.parametrize("draft", DRAFTS)
 def test_checkpoint_fields_convert_reads_exist(spec, draft):
     fields = config_fields(spec, draft)
-    needed = {"speculators_model_type", "transformer_layer_config", "draft_vocab_size", "block_size",
-              "target_hidden_size", "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor",
-              "sliding_window_non_causal"}  # fmt: skip
+    needed = {
+        "speculators_model_type",
+        "transformer_layer_config",
+        "draft_vocab_size",
+        "block_size",
+        "target_hidden_size",
+        "aux_hidden_state_layer_ids",
+        "mask_token_id",
+        "sample_from_anchor",
+        "sliding_window_non_causal",
+    }
     if draft == "dflash2":
         needed |= set(C.DFLASH2_KEYS)
     if draft == "dspark":
@@ -367,8 +395,12 @@ def test_layer_id_convention_matches_speculators_own_converter(spec):
     """speculators' DFlash converter maps z-lab/SGLang ids to its own as `i + 1`: convert inverts exactly that."""
     tree = spec.tree("speculators.convert.dflash.converter")
     shifts = [
-        n for n in ast.walk(tree)
-        if isinstance(n, ast.ListComp) and isinstance(n.elt, ast.BinOp) and isinstance(n.elt.op, ast.Add)
-        and getattr(n.elt.right, "value", None) == 1 and getattr(n.generators[0].iter, "id", "") == "target_layer_ids"
-    ]  # fmt: skip
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ListComp)
+        and isinstance(n.elt, ast.BinOp)
+        and isinstance(n.elt.op, ast.Add)
+        and getattr(n.elt.right, "value", None) == 1
+        and getattr(n.generators[0].iter, "id", "") == "target_layer_ids"
+    ]
     assert shifts

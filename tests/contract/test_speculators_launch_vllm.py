@@ -23,10 +23,10 @@ import pytest
 from releases import Release, ReleaseUnavailable, cache_dir, release_wheel
 
 from draftscope.bench.backends.vllm import PINNED_VERSION as VLLM_VERSION
+from draftscope.core.presets import load_model_preset, model_preset_names
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
-from draftscope.presets import load_model_preset, model_preset_names
 
 pytestmark = pytest.mark.contract
 
@@ -81,8 +81,12 @@ def hsc() -> Release:
 def commands(stage: str, prefix: str) -> Iterator[tuple[str, str, list[str]]]:
     for preset in model_preset_names():
         for draft in DRAFTS:
-            plan = planning.build(load_pipeline_config(draft=draft, preset=preset), registry.select(stage),
-                                  Path("/tmp/w"), "docker")  # fmt: skip
+            plan = planning.build(
+                load_pipeline_config(draft=draft, preset=preset),
+                registry.select(stage),
+                Path("/tmp/w"),
+                "docker",
+            )
             for command in plan.stages[0].commands:
                 if command.name.startswith(prefix):
                     yield preset, draft, list(command.argv)
@@ -158,8 +162,9 @@ def _class_fields(vllm: Release, module: str, cls: str) -> dict[str, str]:
 
 
 def _config_class(vllm: Release, name: str) -> dict[str, str]:
-    for module in sorted(n[:-3].replace("/", ".") for n in vllm._names
-                         if n.startswith("vllm/config/") and n.endswith(".py")):  # fmt: skip
+    for module in sorted(
+        n[:-3].replace("/", ".") for n in vllm._names if n.startswith("vllm/config/") and n.endswith(".py")
+    ):
         try:
             return _class_fields(vllm, module, name)
         except KeyError:
@@ -173,8 +178,12 @@ def vllm_flags(vllm: Release) -> dict[str, bool]:
     tree = vllm.tree("vllm.engine.arg_utils")
     kwargs_class: dict[str, str] = {}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                and getattr(node.value.func, "id", "") == "get_kwargs" and node.value.args):  # fmt: skip
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "get_kwargs"
+            and node.value.args
+        ):
             kwargs_class[node.targets[0].id] = node.value.args[0].id
     flags: dict[str, bool] = {}
     for node in ast.walk(tree):

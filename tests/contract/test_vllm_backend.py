@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from releases import Release, ReleaseUnavailable, release_wheel
 
-from draftscope import presets as P
 from draftscope.bench.backends import vllm as V
+from draftscope.core import presets as P
 
 pytestmark = pytest.mark.contract
 

@@ -315,8 +315,10 @@ def test_sampler_fields_used_for_eligibility(vllm):
 
 def test_greedy_sampling_is_a_plain_argmax_of_the_logits(vllm):
     apply = source(method(vllm, SAMPLER, "Sampler", "apply_sampling_params"))
-    assert apply.startswith(
-        "def apply_sampling_params") and "if not np.any(self.needs_logits_processing[idx_mapping_np]):\n        return logits" in apply  # fmt: skip
+    assert (
+        apply.startswith("def apply_sampling_params")
+        and "if not np.any(self.needs_logits_processing[idx_mapping_np]):\n        return logits" in apply
+    )
     noised = source(top(vllm, "vllm.v1.worker.gpu.sample.gumbel", "gumbel_noised_argmax"))
     assert "if temp != 0.0:" in noised and "return tl.max(logits, axis=0, return_indices=True)" in noised
     stats = source(top(vllm, REJECTION_UTILS, "_compute_local_logits_stats_kernel"))

@@ -99,8 +99,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str) -> None:
         # SGLang's OpenAI error body (`ErrorResponse`): object, message, type, param, code.
-        self._json(status, {"object": "error", "message": message, "type": "BadRequest", "param": None,
-                            "code": status})  # fmt: skip
+        self._json(
+            status,
+            {"object": "error", "message": message, "type": "BadRequest", "param": None, "code": status},
+        )
 
     # --- endpoints -------------------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 from PIL import Image
 
-from draftscope import schema
-from draftscope.errors import UserError
+from draftscope.core import schema
+from draftscope.core.errors import UserError
 
 from support import ROOT, run_invoke, tiny_benchmark
 
@@ -37,7 +37,7 @@ TINY = tiny_benchmark("local", "--max-new-tokens", "16")
 LAUNCHER = (
     "import sys\n"
     "from invoke import Collection, Program\n"
-    "from draftscope.cli_analysis import ANALYSIS_TASKS, ns_evidence\n"
+    "from draftscope.cli.analysis import ANALYSIS_TASKS, ns_evidence\n"
     "ns = Collection(*ANALYSIS_TASKS)\n"
     "ns.add_collection(ns_evidence)\n"
     "Program(namespace=ns, name='draftscope', binary='invoke').run(['invoke', *sys.argv[1:]])\n"
@@ -46,7 +46,7 @@ LAUNCHER = (
 
 def run_cli(*args, cwd=ROOT, timeout=300):
     """`invoke ARGS` once the analysis tasks are in the main namespace; until then the same tasks, same parser."""
-    from draftscope.cli import ns
+    from draftscope.cli.tasks import ns
 
     if "analyze" in ns.task_names:
         return run_invoke(*args, cwd=cwd, timeout=timeout)

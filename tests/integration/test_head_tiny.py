@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from draftscope.jsonio import read_json
-from draftscope.schema import problems
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 
 from support import run_invoke, tiny_benchmark
 
@@ -38,8 +38,9 @@ def prompts(tmp_path_factory) -> Path:
 
 
 def bench(out: Path, *extra: str, prompts: Path | None = None):
-    args = tiny_benchmark("local", "--draft", "tiny", "--repeats", "1", "--max-new-tokens", "48", "--output",
-                          str(out), *extra)  # fmt: skip
+    args = tiny_benchmark(
+        "local", "--draft", "tiny", "--repeats", "1", "--max-new-tokens", "48", "--output", str(out), *extra
+    )
     if prompts is not None:
         args[args.index("--prompts") + 1] = str(prompts)
     result = run_invoke(*args, timeout=600)

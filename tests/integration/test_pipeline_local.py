@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from draftscope.jsonio import read_json
-from draftscope.schema import problems
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 
 from support import INVOKE_PIPELINE, run_invoke
 
@@ -52,11 +52,20 @@ def setup(tmp_path_factory):
     (root / "presets" / "models" / "small.yaml").write_text(PRESET)
     model = root / "model"
     T.save_tokenizer(T.wrap(T.train_tokenizer([inspect.getsource(json)] * 3, vocab_size=512)), model)
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 4,
-                                                   "hidden_size": 64, "vocab_size": 512}))  # fmt: skip
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 512})
+    )
     chat = root / "chat.jsonl"
-    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"q{i}"},
-                                         {"role": "assistant", "content": f"answer {i}"}]} for i in range(6)]  # fmt: skip
+    rows = [
+        {
+            "id": f"r{i}",
+            "messages": [
+                {"role": "user", "content": f"q{i}"},
+                {"role": "assistant", "content": f"answer {i}"},
+            ],
+        }
+        for i in range(6)
+    ]
     chat.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -64,13 +73,31 @@ def setup(tmp_path_factory):
 def run(setup: Path, workdir: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DRAFTSCOPE_PRESETS": str(setup / "presets")}
     args = [
-        "pipeline", "--preset", "small", "--draft", "dflash", "--runtime", "local", "--workdir", str(workdir),
-        "--stage", "pretokenize,convert",
-        "--opts", f"model_path={setup / 'model'}", "--opts", f"data.chat={setup / 'chat.jsonl'}",
+        "pipeline",
+        "--preset",
+        "small",
+        "--draft",
+        "dflash",
+        "--runtime",
+        "local",
+        "--workdir",
+        str(workdir),
+        "--stage",
+        "pretokenize,convert",
+        "--opts",
+        f"model_path={setup / 'model'}",
+        "--opts",
+        f"data.chat={setup / 'chat.jsonl'}",
         *extra,
-    ]  # fmt: skip
-    return subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    ]
+    return subprocess.run(
+        [sys.executable, "-c", INVOKE_PIPELINE, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_local_stages_run_record_skip_and_rerun(setup, tmp_path):
@@ -104,8 +131,16 @@ def test_local_stages_run_record_skip_and_rerun(setup, tmp_path):
     chat = setup / "chat.jsonl"
     original = chat.read_text()
     try:
-        chat.write_text(original + json.dumps({"id": "new", "messages": [
-            {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}) + "\n")  # fmt: skip
+        chat.write_text(
+            original
+            + json.dumps(
+                {
+                    "id": "new",
+                    "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                }
+            )
+            + "\n"
+        )
         changed = run(setup, workdir)
     finally:
         chat.write_text(original)
@@ -137,7 +172,7 @@ def test_validate_checks_a_workdirs_records_outputs_and_their_hashes_where_it_li
     ):
         assert expected in lines, checked.stdout
     assert lines[-1] == f"{moved}: all {len(lines) - 1} file(s) valid"
-    from draftscope.validate import validate_path
+    from draftscope.ops.validate import validate_path
 
     monkeypatch.setenv("DRAFTSCOPE_PRESETS", env["DRAFTSCOPE_PRESETS"])
     monkeypatch.chdir(tmp_path)  # typed relative to the current folder: the same verdicts
@@ -177,14 +212,32 @@ def test_a_missing_input_is_refused_before_the_stage_starts(setup, tmp_path):
 def test_gpu_stages_and_missing_stage_inputs_are_refused_before_anything_is_written(setup, tmp_path):
     env = {**os.environ, "DRAFTSCOPE_PRESETS": str(setup / "presets")}
     result = subprocess.run(
-        [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "small", "--runtime", "local",
-         "--workdir", str(tmp_path / "w"), "--stage", "serve", "--opts", f"model_path={setup / 'model'}"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            INVOKE_PIPELINE,
+            "pipeline",
+            "--preset",
+            "small",
+            "--runtime",
+            "local",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--stage",
+            "serve",
+            "--opts",
+            f"model_path={setup / 'model'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2 and "stage serve needs draft config" in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert not (tmp_path / "w").exists()
-    from draftscope.doctor import nvidia_gpus_present
+    from draftscope.ops.doctor import nvidia_gpus_present
 
     if nvidia_gpus_present():
         return  # the rest checks the refusal on a machine without a GPU
@@ -194,10 +247,28 @@ def test_gpu_stages_and_missing_stage_inputs_are_refused_before_anything_is_writ
         (tmp_path / "d" / "draft" / name).write_text("{}")
     before = sorted(p.name for p in (tmp_path / "d").rglob("*"))
     result = subprocess.run(
-        [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "small", "--runtime", "local",
-         "--workdir", str(tmp_path / "d"), "--stage", "serve", "--opts", f"model_path={setup / 'model'}"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            INVOKE_PIPELINE,
+            "pipeline",
+            "--preset",
+            "small",
+            "--runtime",
+            "local",
+            "--workdir",
+            str(tmp_path / "d"),
+            "--stage",
+            "serve",
+            "--opts",
+            f"model_path={setup / 'model'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert (
         result.returncode == 2 and "stage serve needs an NVIDIA GPU" in result.stderr
     )  # no GPU on CI machines

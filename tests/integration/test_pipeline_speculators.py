@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.jsonio import read_json
-from draftscope.schema import problems
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 
 from support import INVOKE_PIPELINE, SMALL_QWEN3_PRESET
 
@@ -45,12 +45,27 @@ def setup(tmp_path_factory):
     model = root / "model"
     T.save_tokenizer(T.wrap(T.train_tokenizer([inspect.getsource(json)] * 3, vocab_size=512)), model)
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+    )
     Qwen3ForCausalLM(config).save_pretrained(str(model))
-    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"def f{i}(x):"},
-                                         {"role": "assistant", "content": f"    return x * {i}"}]}
-            for i in range(20)]  # fmt: skip
+    rows = [
+        {
+            "id": f"r{i}",
+            "messages": [
+                {"role": "user", "content": f"def f{i}(x):"},
+                {"role": "assistant", "content": f"    return x * {i}"},
+            ],
+        }
+        for i in range(20)
+    ]
     (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
@@ -58,14 +73,42 @@ def setup(tmp_path_factory):
 def run(setup: Path, workdir: Path, draft: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DRAFTSCOPE_PRESETS": str(setup / "presets")}
     args = [
-        "pipeline", "--preset", "small", "--draft", draft, "--runtime", "local", "--workdir", str(workdir),
-        "--stage", STAGES, "--opts", "device=cpu", "--opts", f"model_path={setup / 'model'}",
-        "--opts", f"data.chat={setup / 'chat.jsonl'}", "--opts", "train.hidden_states_dtype=float32",
-        "--opts", "prepare.workers=1", "--opts", "train.dspark.markov_rank=8",
-        "--opts", "train.dflash2.selector_rank=8", "--opts", "train.dflash2.selector_top_k=4",
-    ]  # fmt: skip
-    return subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], env=env, capture_output=True, text=True,
-                          timeout=900, check=False)  # fmt: skip
+        "pipeline",
+        "--preset",
+        "small",
+        "--draft",
+        draft,
+        "--runtime",
+        "local",
+        "--workdir",
+        str(workdir),
+        "--stage",
+        STAGES,
+        "--opts",
+        "device=cpu",
+        "--opts",
+        f"model_path={setup / 'model'}",
+        "--opts",
+        f"data.chat={setup / 'chat.jsonl'}",
+        "--opts",
+        "train.hidden_states_dtype=float32",
+        "--opts",
+        "prepare.workers=1",
+        "--opts",
+        "train.dspark.markov_rank=8",
+        "--opts",
+        "train.dflash2.selector_rank=8",
+        "--opts",
+        "train.dflash2.selector_top_k=4",
+    ]
+    return subprocess.run(
+        [sys.executable, "-c", INVOKE_PIPELINE, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("draft", ["dflash", "dspark", "dflash2"])
@@ -91,15 +134,41 @@ def test_hidden_states_load_through_speculators_dataset(setup, tmp_path):
 
     workdir = tmp_path / "w"
     env = {**os.environ, "DRAFTSCOPE_PRESETS": str(setup / "presets")}
-    args = ["pipeline", "--preset", "small", "--runtime", "local", "--workdir", str(workdir),
-            "--stage", "pretokenize,prepare,hsextract", "--opts", "device=cpu", "--opts", f"model_path={setup / 'model'}",
-            "--opts", f"data.chat={setup / 'chat.jsonl'}", "--opts", "prepare.workers=1"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], env=env, capture_output=True, text=True,
-                          timeout=900, check=False)  # fmt: skip
+    args = [
+        "pipeline",
+        "--preset",
+        "small",
+        "--runtime",
+        "local",
+        "--workdir",
+        str(workdir),
+        "--stage",
+        "pretokenize,prepare,hsextract",
+        "--opts",
+        "device=cpu",
+        "--opts",
+        f"model_path={setup / 'model'}",
+        "--opts",
+        f"data.chat={setup / 'chat.jsonl'}",
+        "--opts",
+        "prepare.workers=1",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", INVOKE_PIPELINE, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    dataset = ArrowDataset(max_len=128, datapath=str(workdir / "prepare"),
-                           transfer=FileTransfer(workdir / "hidden_states"), on_missing="raise",
-                           hidden_states_dtype=torch.float32)  # fmt: skip
+    dataset = ArrowDataset(
+        max_len=128,
+        datapath=str(workdir / "prepare"),
+        transfer=FileTransfer(workdir / "hidden_states"),
+        on_missing="raise",
+        hidden_states_dtype=torch.float32,
+    )
     item = dataset[0]
     length = item["input_ids"].shape[0]
     assert tuple(item["hidden_states"].shape) == (length, 2 * 64)  # the two auxiliary layers, concatenated
@@ -127,8 +196,13 @@ def test_tiny_preset_end_to_end_with_no_input_then_every_stage_skips(tmp_path):
         str(workdir),
     ]
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], capture_output=True, text=True,
-                            timeout=900, check=False)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", INVOKE_PIPELINE, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert seconds < 15 * 60
@@ -148,6 +222,11 @@ def test_tiny_preset_end_to_end_with_no_input_then_every_stage_skips(tmp_path):
         and converted["dflash_config"]["mask_token_id"] == 3
     )
     assert problems(read_json(workdir / "draft" / "draftscope-convert.json"), "stage-convert") == []
-    again = subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, *args], capture_output=True, text=True,
-                           timeout=300, check=False)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, "-c", INVOKE_PIPELINE, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert again.returncode == 0 and again.stdout.count(": skipped") == len(TINY_STAGES.split(","))

@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from draftscope.jsonio import read_json
-from draftscope.schema import problems
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 
 from support import INVOKE_PIPELINE, free_port, port_is_free
 
@@ -26,9 +26,24 @@ pytestmark = pytest.mark.integration
 
 
 def pipeline_argv(workdir: Path, port: int, *opts: str) -> list[str]:
-    argv = [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "tiny", "--runtime", "local",
-            "--stage", "regen", "--workdir", str(workdir), "--opts", f"regen.base_port={port}",
-            "--opts", "regen.concurrency=2"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        INVOKE_PIPELINE,
+        "pipeline",
+        "--preset",
+        "tiny",
+        "--runtime",
+        "local",
+        "--stage",
+        "regen",
+        "--workdir",
+        str(workdir),
+        "--opts",
+        f"regen.base_port={port}",
+        "--opts",
+        "regen.concurrency=2",
+    ]
     for opt in opts:
         argv += ["--opts", opt]
     return argv
@@ -61,8 +76,9 @@ def assert_complete(workdir: Path, rows: int) -> dict:
 
 def test_regen_runs_records_and_skips(tmp_path):
     workdir, port = tmp_path / "w", free_port()
-    first = subprocess.run(pipeline_argv(workdir, port, "data.max_rows=12"), capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    first = subprocess.run(
+        pipeline_argv(workdir, port, "data.max_rows=12"), capture_output=True, text=True, timeout=300
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     summary = assert_complete(workdir, 12)
     assert summary["errors"] == 0 and summary["instances"][0]["rows"] == 12
@@ -72,8 +88,9 @@ def test_regen_runs_records_and_skips(tmp_path):
     row = json.loads((workdir / "regen" / "rows.jsonl").read_text().splitlines()[0])
     assert row["messages"][-1]["role"] == "assistant" and row["regen"]["completion_tokens"] > 0
     assert (workdir / "logs" / "regen.server-0.log").is_file() and port_is_free(port)
-    again = subprocess.run(pipeline_argv(workdir, port, "data.max_rows=12"), capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    again = subprocess.run(
+        pipeline_argv(workdir, port, "data.max_rows=12"), capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0 and "regen: skipped" in again.stdout
 
 

@@ -10,8 +10,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from draftscope import tiny
-from draftscope.errors import UserError
-from draftscope.presets import load_model_preset
+from draftscope.core.errors import UserError
+from draftscope.core.presets import load_model_preset
 from draftscope.tiny import builder as build_mod
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from draftscope import __version__
-from draftscope.images import kit_wheel_name, load_lock
+from draftscope.ops.images import kit_wheel_name, load_lock
 
 from support import ROOT, tiny_benchmark
 
@@ -191,8 +191,14 @@ def test_the_wheel_is_reproducible(dist, tmp_path):
 def test_wheel_alone_plans_dry_runs_benchmarks_and_validates(wheel_venv, tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
-    probe = _run([wheel_venv / "bin/python", "-c",
-                  "import draftscope.resources as r; print(r.repo_root(), r.schemas_dir())"], cwd=work)  # fmt: skip
+    probe = _run(
+        [
+            wheel_venv / "bin/python",
+            "-c",
+            "import draftscope.core.resources as r; print(r.repo_root(), r.schemas_dir())",
+        ],
+        cwd=work,
+    )
     assert probe.returncode == 0 and probe.stdout.startswith("None "), probe.stdout + probe.stderr
     assert str(ROOT) not in probe.stdout
 
@@ -206,8 +212,16 @@ def test_wheel_alone_plans_dry_runs_benchmarks_and_validates(wheel_venv, tmp_pat
     pipeline = _draftscope(wheel_venv, "pipeline", "--stage", "all", "--dry-run", cwd=work)
     assert pipeline.returncode == 0, pipeline.stderr
     stages = re.findall(r"^# \[(\d)/8\] (\w+):", pipeline.stdout, re.MULTILINE)
-    assert [s for _, s in stages] == ["regen", "pretokenize", "prepare", "hsextract", "train", "convert", "serve",
-                                      "bench"], pipeline.stdout[:2000]  # fmt: skip
+    assert [s for _, s in stages] == [
+        "regen",
+        "pretokenize",
+        "prepare",
+        "hsextract",
+        "train",
+        "convert",
+        "serve",
+        "bench",
+    ], pipeline.stdout[:2000]
     assert not (work / "runs").exists(), "a dry run creates nothing"
 
     args = tiny_benchmark("local", "--repeats", "1", "--max-new-tokens", "8", "--draft", "tiny")

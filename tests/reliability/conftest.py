@@ -1,6 +1,6 @@
 """The reliability tier: faults injected into real runs, the bad-input corpus, planted secrets.
 
-Every test records what it injected or tried in one session-wide `Figures` tally (`draftscope.reliability`); at
+Every test records what it injected or tried in one session-wide `Figures` tally (`draftscope.ops.reliability`); at
 the end of the session the tally is printed and, when `$DRAFTSCOPE_RELIABILITY_FIGURES` names a file, written
 there for `invoke reliability`. Kill points are drawn from `$DRAFTSCOPE_RELIABILITY_SEED` (printed)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.reliability import FIGURES_ENV, Figures, seed_from_env
+from draftscope.ops.reliability import FIGURES_ENV, Figures, seed_from_env
 
 FIGURES = Figures(seed=seed_from_env())
 

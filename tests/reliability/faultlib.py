@@ -29,12 +29,23 @@ def pipeline_argv(*args: str, python: str = sys.executable) -> list[str]:
 
 def start(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
     out = log.open("wb") if log is not None else subprocess.DEVNULL
-    return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **QUIET_ENV, **(env or {})}, stdout=out,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, **QUIET_ENV, **(env or {})},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float = 0.02,
-               alive: subprocess.Popen | None = None) -> None:  # fmt: skip
+def wait_until(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    poll: float = 0.02,
+    alive: subprocess.Popen | None = None,
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if alive is not None and alive.poll() is not None:

@@ -35,8 +35,16 @@ HIDDEN = 64
 
 def model() -> Qwen3ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=512, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 
@@ -134,8 +142,16 @@ def main() -> None:
         landed = os.WIFSIGNALED(status)
         after = final_files(target)
         lost = sum(1 for name, sha in before.items() if after.get(name) != sha)
-        report.append({"what": what, "landed": landed, "lost": lost, "broken": broken(target, by_row),
-                       "files": len(after), "partials": len(list(target.glob("*.partial")))})  # fmt: skip
+        report.append(
+            {
+                "what": what,
+                "landed": landed,
+                "lost": lost,
+                "broken": broken(target, by_row),
+                "files": len(after),
+                "partials": len(list(target.glob("*.partial"))),
+            }
+        )
     # The clean resume, then an uninterrupted reference run: the same files, bit for bit.
     seen = final_files(target)
     counts = hx.extract(m, data, target, LAYERS, "float32")

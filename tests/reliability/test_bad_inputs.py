@@ -32,8 +32,16 @@ def prompts(*items: str, head: str = '"schema_version": 1, "name": "bad"') -> st
 
 def bench(*extra: str, **flags: str | None) -> tuple[str, ...]:
     """`invoke benchmark` on the tiny CPU path into {run}; a flag set to None is left out."""
-    base = {"backend": "transformers", "preset": "tiny", "device": "cpu", "runtime": "local",
-            "prompts": "examples/prompts.json", "repeats": "1", "max-new-tokens": "4", "output": "{run}"}  # fmt: skip
+    base = {
+        "backend": "transformers",
+        "preset": "tiny",
+        "device": "cpu",
+        "runtime": "local",
+        "prompts": "examples/prompts.json",
+        "repeats": "1",
+        "max-new-tokens": "4",
+        "output": "{run}",
+    }
     base.update({k.replace("_", "-"): v for k, v in flags.items()})
     argv = ["benchmark"]
     for name, value in base.items():
@@ -110,18 +118,59 @@ class Bad:
 
 CASES = [
     # --- prompt files ---------------------------------------------------------------------------------------------
-    Bad("prompts-malformed-json", bench(prompts="{tmp}/p.json"), "not valid JSON", {"p.json": '{"prompts": ['}),
+    Bad(
+        "prompts-malformed-json", bench(prompts="{tmp}/p.json"), "not valid JSON", {"p.json": '{"prompts": ['}
+    ),
     Bad("prompts-empty-file", bench(prompts="{tmp}/p.json"), "not valid JSON", {"p.json": ""}),
     Bad("prompts-non-utf8", bench(prompts="{tmp}/p.json"), "not UTF-8", {"p.json": b'{"name": "\xff\xfe"}'}),
     Bad("prompts-huge-file", bench(prompts="{tmp}/huge.json"), "the limit is 64 MiB", setup=huge_file),
-    Bad("prompts-duplicate-ids", bench(prompts="{tmp}/p.json"), "duplicate prompt ids", {"p.json": prompts(PROMPT, PROMPT)}),
-    Bad("prompts-id-wrong-type", bench(prompts="{tmp}/p.json"), "$.prompts[0].id", {"p.json": prompts('{"id": 7, "messages": [{"role": "user", "content": "hi"}]}')}),
-    Bad("prompts-messages-not-a-list", bench(prompts="{tmp}/p.json"), "$.prompts[0].messages", {"p.json": prompts('{"id": "a", "messages": "hi"}')}),
-    Bad("prompts-unknown-key", bench(prompts="{tmp}/p.json"), "unknown key 'temperature'", {"p.json": prompts('{"id": "a", "temperature": 0.7, "messages": [{"role": "user", "content": "hi"}]}')}),
+    Bad(
+        "prompts-duplicate-ids",
+        bench(prompts="{tmp}/p.json"),
+        "duplicate prompt ids",
+        {"p.json": prompts(PROMPT, PROMPT)},
+    ),
+    Bad(
+        "prompts-id-wrong-type",
+        bench(prompts="{tmp}/p.json"),
+        "$.prompts[0].id",
+        {"p.json": prompts('{"id": 7, "messages": [{"role": "user", "content": "hi"}]}')},
+    ),
+    Bad(
+        "prompts-messages-not-a-list",
+        bench(prompts="{tmp}/p.json"),
+        "$.prompts[0].messages",
+        {"p.json": prompts('{"id": "a", "messages": "hi"}')},
+    ),
+    Bad(
+        "prompts-unknown-key",
+        bench(prompts="{tmp}/p.json"),
+        "unknown key 'temperature'",
+        {
+            "p.json": prompts(
+                '{"id": "a", "temperature": 0.7, "messages": [{"role": "user", "content": "hi"}]}'
+            )
+        },
+    ),
     Bad("prompts-empty-list", bench(prompts="{tmp}/p.json"), "$.prompts", {"p.json": prompts()}),
-    Bad("prompts-empty-content", bench(prompts="{tmp}/p.json"), "content", {"p.json": prompts('{"id": "a", "messages": [{"role": "user", "content": ""}]}')}),
-    Bad("prompts-unknown-role", bench(prompts="{tmp}/p.json"), "'tool' is not allowed", {"p.json": prompts('{"id": "a", "messages": [{"role": "tool", "content": "x"}]}')}),
-    Bad("prompts-top-level-list", bench(prompts="{tmp}/p.json"), "is not of type 'object'", {"p.json": "[1, 2]"}),
+    Bad(
+        "prompts-empty-content",
+        bench(prompts="{tmp}/p.json"),
+        "content",
+        {"p.json": prompts('{"id": "a", "messages": [{"role": "user", "content": ""}]}')},
+    ),
+    Bad(
+        "prompts-unknown-role",
+        bench(prompts="{tmp}/p.json"),
+        "'tool' is not allowed",
+        {"p.json": prompts('{"id": "a", "messages": [{"role": "tool", "content": "x"}]}')},
+    ),
+    Bad(
+        "prompts-top-level-list",
+        bench(prompts="{tmp}/p.json"),
+        "is not of type 'object'",
+        {"p.json": "[1, 2]"},
+    ),
     Bad("prompts-missing-file", bench(prompts="{tmp}/nowhere.json"), "prompt file not found"),
     Bad("prompts-a-folder", bench(prompts="{tmp}"), "prompt file not found"),
     # --- numbers ----------------------------------------------------------------------------------------------------
@@ -143,27 +192,81 @@ CASES = [
     Bad("opts-value-for-a-section", bench("--opts", "vllm=3"), "$.vllm"),
     # --- unknown and misspelled keys, malformed overrides and config files -------------------------------------
     Bad("opts-misspelled-key", bench("--opts", "repeat=3"), "did you mean 'repeats'"),
-    Bad("opts-misspelled-nested-key", bench("--opts", "vllm.max_model_lenght=4096"), "did you mean 'max_model_len'"),
+    Bad(
+        "opts-misspelled-nested-key",
+        bench("--opts", "vllm.max_model_lenght=4096"),
+        "did you mean 'max_model_len'",
+    ),
     Bad("opts-without-equals", bench("--opts", "repeats"), "key=value"),
     Bad("opts-empty-key-part", bench("--opts", "vllm..x=1"), "empty component"),
-    Bad("experiment-file-misspelled-key", bench("--experiment", "{tmp}/e.yaml"), "did you mean 'max_new_tokens'", {"e.yaml": "schema_version: 1\nname: mine\nbackend: transformers\nmodel_preset: tiny\nmax_new_token: 8\n"}),
-    Bad("experiment-file-not-a-mapping", bench("--experiment", "{tmp}/e.yaml"), "expected a mapping", {"e.yaml": "- 1\n- 2\n"}),
-    Bad("experiment-file-invalid-yaml", bench("--experiment", "{tmp}/e.yaml"), "not valid YAML", {"e.yaml": "name: [unclosed\n"}),
-    Bad("experiment-file-non-utf8", bench("--experiment", "{tmp}/e.yaml"), "not UTF-8", {"e.yaml": b"name: \xff\n"}),
+    Bad(
+        "experiment-file-misspelled-key",
+        bench("--experiment", "{tmp}/e.yaml"),
+        "did you mean 'max_new_tokens'",
+        {
+            "e.yaml": "schema_version: 1\nname: mine\nbackend: transformers\nmodel_preset: tiny\nmax_new_token: 8\n"
+        },
+    ),
+    Bad(
+        "experiment-file-not-a-mapping",
+        bench("--experiment", "{tmp}/e.yaml"),
+        "expected a mapping",
+        {"e.yaml": "- 1\n- 2\n"},
+    ),
+    Bad(
+        "experiment-file-invalid-yaml",
+        bench("--experiment", "{tmp}/e.yaml"),
+        "not valid YAML",
+        {"e.yaml": "name: [unclosed\n"},
+    ),
+    Bad(
+        "experiment-file-non-utf8",
+        bench("--experiment", "{tmp}/e.yaml"),
+        "not UTF-8",
+        {"e.yaml": b"name: \xff\n"},
+    ),
     # --- revisions and remote code ------------------------------------------------------------------------------
     Bad("model-without-revision", bench("--model", "Org/Name"), "revision"),
     Bad("model-short-revision", bench("--model", "Org/Name", "--revision", "abc1234"), "$.revision"),
     Bad("model-non-hex-revision", bench("--model", "Org/Name", "--revision", "g" * 40), "$.revision"),
     Bad("draft-without-revision", bench("--draft", "Org/Draft"), "draft_revision"),
     Bad("revision-without-model", bench("--revision", SHA), "without --model"),
-    Bad("tiny-draft-with-a-hub-target", bench("--draft", "tiny", preset="qwen3-8b"), "pairs only with the tiny target"),
-    Bad("preset-short-revision", bench(preset="qwen3-8b"), "$.hub.revision", env={"DRAFTSCOPE_PRESETS": "{tmp}/presets"}, setup=copy_presets(edit_qwen("b968826d9c46dd6066d109eabc6255188de91218", "b968826"))),
-    Bad("preset-trust-remote-code", bench(preset="qwen3-8b"), "unknown key 'trust_remote_code'", env={"DRAFTSCOPE_PRESETS": "{tmp}/presets"}, setup=copy_presets(edit_qwen("  repo: Qwen/Qwen3-8B\n", "  repo: Qwen/Qwen3-8B\n  trust_remote_code: true\n"))),
-    Bad("opts-trust-remote-code", bench("--opts", "trust_remote_code=true"), "unknown key 'trust_remote_code'"),
-    Bad("opts-vllm-trust-remote-code", bench("--opts", "vllm.trust_remote_code=true"), "unknown key 'trust_remote_code'"),
+    Bad(
+        "tiny-draft-with-a-hub-target",
+        bench("--draft", "tiny", preset="qwen3-8b"),
+        "pairs only with the tiny target",
+    ),
+    Bad(
+        "preset-short-revision",
+        bench(preset="qwen3-8b"),
+        "$.hub.revision",
+        env={"DRAFTSCOPE_PRESETS": "{tmp}/presets"},
+        setup=copy_presets(edit_qwen("b968826d9c46dd6066d109eabc6255188de91218", "b968826")),
+    ),
+    Bad(
+        "preset-trust-remote-code",
+        bench(preset="qwen3-8b"),
+        "unknown key 'trust_remote_code'",
+        env={"DRAFTSCOPE_PRESETS": "{tmp}/presets"},
+        setup=copy_presets(
+            edit_qwen("  repo: Qwen/Qwen3-8B\n", "  repo: Qwen/Qwen3-8B\n  trust_remote_code: true\n")
+        ),
+    ),
+    Bad(
+        "opts-trust-remote-code", bench("--opts", "trust_remote_code=true"), "unknown key 'trust_remote_code'"
+    ),
+    Bad(
+        "opts-vllm-trust-remote-code",
+        bench("--opts", "vllm.trust_remote_code=true"),
+        "unknown key 'trust_remote_code'",
+    ),
     # --- shell metacharacters: data, never a shell ----------------------------------------------------------------
     Bad("opts-name-with-semicolon", bench("--opts", "name=x;touch {canary}"), "$.name"),
-    Bad("opts-model-with-backticks", bench("--opts", "model=`touch {canary}`/x", "--opts", f"revision={SHA}"), "$.model"),
+    Bad(
+        "opts-model-with-backticks",
+        bench("--opts", "model=`touch {canary}`/x", "--opts", f"revision={SHA}"),
+        "$.model",
+    ),
     Bad("opts-prompts-with-subshell", bench("--opts", "prompts=$(touch {canary})"), "prompt file not found"),
     Bad("opts-runtime-with-pipe", bench("--opts", "runtime=local|touch {canary}"), "$.runtime"),
     # --- output paths -----------------------------------------------------------------------------------------------
@@ -173,30 +276,62 @@ CASES = [
     Bad("output-is-a-file", bench(), "already exists", {"run": "not a folder\n"}),
     Bad("output-missing", bench(output=None), "no run directory given"),
     # --- the pipeline's configs and paths --------------------------------------------------------------------------
-    Bad("pipeline-checkpoint-escapes-workdir", pipe("--opts", "convert.checkpoint=../../../etc"), "$.convert.checkpoint"),
+    Bad(
+        "pipeline-checkpoint-escapes-workdir",
+        pipe("--opts", "convert.checkpoint=../../../etc"),
+        "$.convert.checkpoint",
+    ),
     Bad("pipeline-name-escapes-runs", pipe("--opts", "name=../../x"), "$.name"),
     Bad("pipeline-misspelled-key", pipe("--opts", "regen.concurency=3"), "did you mean 'concurrency'"),
     Bad("pipeline-negative-epochs", pipe("--opts", "train.epochs=-1"), "$.train.epochs"),
     Bad("pipeline-zero-concurrency", pipe("--opts", "regen.concurrency=0"), "$.regen.concurrency"),
     Bad("pipeline-unknown-stage", pipe(stage="regen,convrt"), "unknown stage 'convrt'"),
     Bad("pipeline-unknown-draft", pipe("--draft", "dflash3"), "unknown draft type"),
-    Bad("pipeline-config-trust-remote-code", pipe("--config", "{tmp}/run.yaml"), "unknown key 'trust_remote_code'", {"run.yaml": "trust_remote_code: true\n"}),
-    Bad("pipeline-missing-chat-rows", pipe("--opts", "data.chat={tmp}/nowhere.jsonl"), "input file not found"),
+    Bad(
+        "pipeline-config-trust-remote-code",
+        pipe("--config", "{tmp}/run.yaml"),
+        "unknown key 'trust_remote_code'",
+        {"run.yaml": "trust_remote_code: true\n"},
+    ),
+    Bad(
+        "pipeline-missing-chat-rows", pipe("--opts", "data.chat={tmp}/nowhere.jsonl"), "input file not found"
+    ),
     Bad("pipeline-gpus-on-a-cpu-run", pipe("--opts", "regen.instances=[{gpus: [0]}]"), "no GPUs to assign"),
-    Bad("pipeline-hub-preset-on-a-cpu", pipe("--opts", "device=cpu", preset="qwen3-8b"), "cannot run on a CPU"),
+    Bad(
+        "pipeline-hub-preset-on-a-cpu", pipe("--opts", "device=cpu", preset="qwen3-8b"), "cannot run on a CPU"
+    ),
     # --- GPUs, engines, images ------------------------------------------------------------------------------------
     Bad("gpu-missing", bench(device="cuda"), "no NVIDIA GPU found"),
-    Bad("gpu-not-nvidia", bench(device="cuda"), "AMD ROCm", env={"PATH": "{tmp}/bin:" + os.environ.get("PATH", "")}, setup=fake_tool("rocm-smi")),
+    Bad(
+        "gpu-not-nvidia",
+        bench(device="cuda"),
+        "AMD ROCm",
+        env={"PATH": "{tmp}/bin:" + os.environ.get("PATH", "")},
+        setup=fake_tool("rocm-smi"),
+    ),
     Bad("vllm-without-a-gpu", bench(backend="vllm", device="cpu"), "only on an NVIDIA GPU"),
     Bad("engine-missing", bench(runtime="docker"), "is not installed", env={"PATH": "{tmp}/empty"}),
-    Bad("engine-not-answering", bench(runtime="docker"), "does not answer", env={"DOCKER_HOST": "unix://{tmp}/no.sock"}, needs="docker"),
-    Bad("image-missing", bench(runtime="podman"), "is not present for podman", env={"CONTAINERS_STORAGE_CONF": "{tmp}/storage.conf"}, setup=storage_conf, needs="podman"),
+    Bad(
+        "engine-not-answering",
+        bench(runtime="docker"),
+        "does not answer",
+        env={"DOCKER_HOST": "unix://{tmp}/no.sock"},
+        needs="docker",
+    ),
+    Bad(
+        "image-missing",
+        bench(runtime="podman"),
+        "is not present for podman",
+        env={"CONTAINERS_STORAGE_CONF": "{tmp}/storage.conf"},
+        setup=storage_conf,
+        needs="podman",
+    ),
     Bad("unknown-runtime", bench(runtime="kubernetes"), "$.runtime"),
     Bad("unknown-backend", bench(backend="tgi"), "unknown backend"),
     Bad("unknown-device", bench(device="tpu"), "$.device"),
     Bad("misspelled-preset", bench(preset="tinyy"), "did you mean 'tiny'"),
     Bad("unknown-experiment", bench("--experiment", "nosuch"), "no experiment preset named 'nosuch'"),
-]  # fmt: skip
+]
 
 
 def snapshot(folder: Path, ignore: tuple[str, ...] = ()) -> dict[str, bytes | None]:
@@ -234,8 +369,9 @@ def attempt(case: Bad, folder: Path) -> Outcome:
     ignore = ("graph", "runroot")  # podman's own (empty) image store, created by podman itself
     before = snapshot(folder, ignore)
     result = run_invoke(*map(fill, case.args), env={k: fill(v) for k, v in case.env.items()}, timeout=120)
-    return Outcome(result.returncode, result.stdout, result.stderr, snapshot(folder, ignore) == before,
-                   canary.exists())  # fmt: skip
+    return Outcome(
+        result.returncode, result.stdout, result.stderr, snapshot(folder, ignore) == before, canary.exists()
+    )
 
 
 @pytest.fixture(scope="module")

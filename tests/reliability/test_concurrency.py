@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from draftscope.validate import validate_run
+from draftscope.ops.validate import validate_run
 
 from faultlib import duplicates, free_port, invoke_argv, pipeline_argv, read_lines, start
 from support import tiny_benchmark
@@ -37,8 +37,22 @@ def test_two_benchmarks_into_one_run_directory(tmp_path, figures):
 
 def test_two_pipelines_on_one_workdir(tmp_path):
     workdir = tmp_path / "w"
-    argv = ["--preset", "tiny", "--runtime", "local", "--stage", "regen", "--workdir", str(workdir),
-            "--opts", "data.max_rows=8", "--opts", "regen.max_tokens=8", "--opts", "regen.concurrency=2"]  # fmt: skip
+    argv = [
+        "--preset",
+        "tiny",
+        "--runtime",
+        "local",
+        "--stage",
+        "regen",
+        "--workdir",
+        str(workdir),
+        "--opts",
+        "data.max_rows=8",
+        "--opts",
+        "regen.max_tokens=8",
+        "--opts",
+        "regen.concurrency=2",
+    ]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     procs = [start(pipeline_argv(*argv, "--opts", f"regen.base_port={free_port()}"), log=log) for log in logs]
     codes = sorted(p.wait(timeout=300) for p in procs)

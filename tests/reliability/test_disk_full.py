@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from draftscope.jsonio import read_json
-from draftscope.validate import validate_run
+from draftscope.core.jsonio import read_json
+from draftscope.ops.validate import validate_run
 
 from faultlib import invoke_argv, lost_from, read_lines, start, wait_for_lines
 from support import run_invoke, tiny_benchmark
@@ -24,8 +24,12 @@ TINY = tiny_benchmark("local", "--repeats", "3", "--max-new-tokens", "32", "--wa
 
 def mount_tmpfs(path, size: str):
     path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
     return path

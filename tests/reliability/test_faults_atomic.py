@@ -1,4 +1,4 @@
-"""Faults injected into the kit's durable writes themselves (`draftscope.jsonio`, `draftscope.rundir`): a writer
+"""Faults injected into the kit's durable writes themselves (`draftscope.core.jsonio`, `draftscope.core.rundir`): a writer
 process killed between an atomic write's fsync and its rename, killed at seeded random moments while it rewrites a
 JSON file or appends JSON Lines records, and refused space by a full disk mid-record. Readers must always see a
 whole old or whole new file, every record appended before the kill, and no torn line."""
@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import pytest
 
-from draftscope.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.core.rundir import RunDir
+from draftscope.ops.validate import validate_run
 from draftscope.pipeline.state import write_record
-from draftscope.rundir import RunDir
-from draftscope.validate import validate_run
 
 from faultlib import lost_from, read_lines
 
@@ -55,20 +55,44 @@ def kill_before_rename(work: Callable[[], None]) -> int:
 def test_kill_between_write_and_rename_keeps_the_old_file(tmp_path, figures):
     run = RunDir.create(tmp_path / "r1", kind="benchmark", config=CONFIG, argv=["t"])
     run.set_status("running")
-    stage_record = {"schema_version": 1, "stage": "regen", "status": "failed", "reason": "x", "draft": "dflash",
-                    "model_preset": "tiny", "runtime": "local", "argv": ["python"], "commands": [],
-                    "image": {"name": "vllm", "reference": None, "id": None, "repo_digests": []},
-                    "config_sha256": "0" * 64, "inputs": [], "outputs": [], "versions": {}, "counts": {},
-                    "started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:00:01Z", "seconds": 1.0,
-                    "notes": []}  # fmt: skip
+    stage_record = {
+        "schema_version": 1,
+        "stage": "regen",
+        "status": "failed",
+        "reason": "x",
+        "draft": "dflash",
+        "model_preset": "tiny",
+        "runtime": "local",
+        "argv": ["python"],
+        "commands": [],
+        "image": {"name": "vllm", "reference": None, "id": None, "repo_digests": []},
+        "config_sha256": "0" * 64,
+        "inputs": [],
+        "outputs": [],
+        "versions": {},
+        "counts": {},
+        "started_at": "2026-01-01T00:00:00Z",
+        "finished_at": "2026-01-01T00:00:01Z",
+        "seconds": 1.0,
+        "notes": [],
+    }
     write_record(run.path, {**stage_record, "reason": "the first attempt"})
     cases = {
         "manifest: status update": (run.manifest_path, lambda: run.set_status("failed", "x")),
         "manifest: a note": (run.manifest_path, lambda: run.note("a note")),
-        "pipeline stage record": (run.path / "stages" / "regen.json", lambda: write_record(run.path, stage_record)),
-        "summary.json: first write": (run.path / "summary.json", lambda: atomic_write_json(run.path / "summary.json", {"a": 1})),
-        "worker.json: rewrite": (run.path / "worker.json", lambda: atomic_write_json(run.path / "worker.json", {"phase": "done"})),
-    }  # fmt: skip
+        "pipeline stage record": (
+            run.path / "stages" / "regen.json",
+            lambda: write_record(run.path, stage_record),
+        ),
+        "summary.json: first write": (
+            run.path / "summary.json",
+            lambda: atomic_write_json(run.path / "summary.json", {"a": 1}),
+        ),
+        "worker.json: rewrite": (
+            run.path / "worker.json",
+            lambda: atomic_write_json(run.path / "worker.json", {"phase": "done"}),
+        ),
+    }
     atomic_write_json(run.path / "worker.json", {"phase": "loading"})
     for what, (path, work) in cases.items():
         before = path.read_bytes() if path.exists() else None
@@ -130,8 +154,12 @@ def test_kill_at_random_moments_while_appending(tmp_path, figures, seed):
 def small_disk(tmp_path):
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
     yield mount

@@ -16,9 +16,9 @@ import pytest
 
 from draftscope.bench.recover import recover
 from draftscope.bench.worker import FAILPOINT
-from draftscope.jsonio import read_json
-from draftscope.rundir import SUPERVISOR, liveness
-from draftscope.validate import validate_run
+from draftscope.core.jsonio import read_json
+from draftscope.core.rundir import SUPERVISOR, liveness
+from draftscope.ops.validate import validate_run
 
 from faultlib import (
     alive,

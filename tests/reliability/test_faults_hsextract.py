@@ -25,9 +25,14 @@ DRIVER = Path(__file__).with_name("hs_driver.py")
 
 
 def test_hsextract_faults_then_resume_equals_an_uninterrupted_run(tmp_path, figures, seed):
-    done = subprocess.run([sys.executable, str(DRIVER), str(tmp_path), str(seed), str(FAULTS)],
-                          capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), str(tmp_path), str(seed), str(FAULTS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     landed = [f for f in report["faults"] if f["landed"]]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.jsonio import read_json
-from draftscope.schema import problems
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 
 from faultlib import (
     alive,
@@ -43,16 +43,36 @@ ROWS = 48
 
 
 def regen_argv(workdir: Path, port: int) -> list[str]:
-    return pipeline_argv("--preset", "tiny", "--runtime", "local", "--stage", "regen", "--workdir", str(workdir),
-                         "--opts", f"regen.base_port={port}", "--opts", "regen.concurrency=2",
-                         "--opts", f"data.max_rows={ROWS}", "--opts", "regen.max_tokens=24")  # fmt: skip
+    return pipeline_argv(
+        "--preset",
+        "tiny",
+        "--runtime",
+        "local",
+        "--stage",
+        "regen",
+        "--workdir",
+        str(workdir),
+        "--opts",
+        f"regen.base_port={port}",
+        "--opts",
+        "regen.concurrency=2",
+        "--opts",
+        f"data.max_rows={ROWS}",
+        "--opts",
+        "regen.max_tokens=24",
+    )
 
 
 def draw_faults(seed: int) -> list[tuple[str, int, int | None, float | None]]:
     """(target, signal, at rows, at seconds) in the order they are injected (row counts increase)."""
     rng = random.Random(f"{seed}:regen")
-    modes = [("stage", signal.SIGKILL), ("supervisor", signal.SIGTERM), ("stage", signal.SIGTERM),
-             ("supervisor", signal.SIGINT), ("all", signal.SIGKILL)]  # fmt: skip
+    modes = [
+        ("stage", signal.SIGKILL),
+        ("supervisor", signal.SIGTERM),
+        ("stage", signal.SIGTERM),
+        ("supervisor", signal.SIGINT),
+        ("all", signal.SIGKILL),
+    ]
     rng.shuffle(modes)
     points = sorted(rng.sample(range(1, ROWS - 8), len(modes)))
     early = ("stage", signal.SIGKILL, None, rng.uniform(0.2, 2.5))  # during the server's start-up

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.jsonio import read_json
-from draftscope.schema import problems
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 
 from faultlib import ROOT, kill_group, pipeline_argv, signal_name, start, wait_for_child
 from support import SMALL_QWEN3_PRESET
@@ -52,8 +52,11 @@ rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"def f{i}(x):"
 def have_speculators() -> bool:
     if not TRAIN_PYTHON.is_file():
         return False
-    probe = subprocess.run([str(TRAIN_PYTHON), "-c", "import speculators, datasets, draftscope"],
-                           capture_output=True, check=False)  # fmt: skip
+    probe = subprocess.run(
+        [str(TRAIN_PYTHON), "-c", "import speculators, datasets, draftscope"],
+        capture_output=True,
+        check=False,
+    )
     return probe.returncode == 0
 
 
@@ -72,11 +75,29 @@ def small(tmp_path_factory) -> Path:
 
 
 def argv(small: Path, stages: str) -> tuple[list[str], dict[str, str]]:
-    args = pipeline_argv("--preset", "small", "--draft", "dflash", "--runtime", "local", "--workdir",
-                         str(small / "w"), "--stage", stages, "--opts", "device=cpu",
-                         "--opts", f"model_path={small / 'model'}", "--opts", f"data.chat={small / 'chat.jsonl'}",
-                         "--opts", "train.hidden_states_dtype=float32", "--opts", "prepare.workers=1",
-                         python=str(TRAIN_PYTHON))  # fmt: skip
+    args = pipeline_argv(
+        "--preset",
+        "small",
+        "--draft",
+        "dflash",
+        "--runtime",
+        "local",
+        "--workdir",
+        str(small / "w"),
+        "--stage",
+        stages,
+        "--opts",
+        "device=cpu",
+        "--opts",
+        f"model_path={small / 'model'}",
+        "--opts",
+        f"data.chat={small / 'chat.jsonl'}",
+        "--opts",
+        "train.hidden_states_dtype=float32",
+        "--opts",
+        "prepare.workers=1",
+        python=str(TRAIN_PYTHON),
+    )
     return args, {"DRAFTSCOPE_PRESETS": str(small / "presets")}
 
 

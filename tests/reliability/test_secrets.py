@@ -40,16 +40,39 @@ def test_planted_secrets_appear_in_no_output(tmp_path, figures):
     run, report, workdir = tmp_path / "run", tmp_path / "report", tmp_path / "w"
     printed = []
 
-    bench = run_invoke(*tiny_benchmark("local", "--repeats", "1", "--max-new-tokens", "8", "--warmups", "0"),
-                       "--output", str(run), "--opts", f"description={shellish}", env=env, timeout=600)  # fmt: skip
+    bench = run_invoke(
+        *tiny_benchmark("local", "--repeats", "1", "--max-new-tokens", "8", "--warmups", "0"),
+        "--output",
+        str(run),
+        "--opts",
+        f"description={shellish}",
+        env=env,
+        timeout=600,
+    )
     printed.append(bench.stdout + bench.stderr)
     assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
     analyzed = run_invoke("analyze", str(run), "--report", str(report), env=env, timeout=300)
     printed.append(analyzed.stdout + analyzed.stderr)
     assert analyzed.returncode == 0, analyzed.stderr[-2000:]
-    pipeline = run_invoke("pipeline", "--preset", "tiny", "--runtime", "local", "--stage", "regen,pretokenize",
-                          "--workdir", str(workdir), "--opts", f"regen.base_port={free_port()}",
-                          "--opts", "data.max_rows=8", "--opts", "regen.max_tokens=8", env=env, timeout=600)  # fmt: skip
+    pipeline = run_invoke(
+        "pipeline",
+        "--preset",
+        "tiny",
+        "--runtime",
+        "local",
+        "--stage",
+        "regen,pretokenize",
+        "--workdir",
+        str(workdir),
+        "--opts",
+        f"regen.base_port={free_port()}",
+        "--opts",
+        "data.max_rows=8",
+        "--opts",
+        "regen.max_tokens=8",
+        env=env,
+        timeout=600,
+    )
     printed.append(pipeline.stdout + pipeline.stderr)
     assert pipeline.returncode == 0, pipeline.stdout[-2000:] + pipeline.stderr[-2000:]
     (tmp_path / "printed.txt").write_text("\n".join(printed))

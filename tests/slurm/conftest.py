@@ -18,8 +18,10 @@ from support import ROOT
 SCRIPT = ROOT / "images" / "local" / "slurm-cluster.sh"
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 PID_FILES = ("/run/slurmctld.pid", "/run/slurmd.pid", "/run/munge/munged.pid")
-INSTALL = "images/local/slurm-cluster.sh install (root; apt-get install --no-install-recommends slurmctld slurmd " \
-    "slurm-client munge)"  # fmt: skip
+INSTALL = (
+    "images/local/slurm-cluster.sh install (root; apt-get install --no-install-recommends slurmctld slurmd "
+    "slurm-client munge)"
+)
 
 
 def running(names: tuple[str, ...] = DAEMONS) -> list[str]:

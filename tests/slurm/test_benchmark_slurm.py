@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.jsonio import read_json
-from draftscope.slurm.benchmark import TEST_TIME_ENV, folder_of
+from draftscope.core.jsonio import read_json
+from draftscope.execute.slurm.benchmark import TEST_TIME_ENV, folder_of
 
 from support import ROOT, processes_naming, tiny_benchmark
 
@@ -45,8 +45,14 @@ def argv(output: Path, *extra: str) -> list[str]:
 def start(
     output: Path, *extra: str, env: dict[str, str] | None = None, stdout=subprocess.PIPE
 ) -> subprocess.Popen:
-    return subprocess.Popen(argv(output, *extra, "--executor", "slurm"), cwd=ROOT, env=env or ENV,
-                            stdout=stdout, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        argv(output, *extra, "--executor", "slurm"),
+        cwd=ROOT,
+        env=env or ENV,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run(command: list[str], timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
@@ -130,7 +136,11 @@ def test_a_benchmark_through_slurm_equals_a_local_run(cluster, past_its_limit, t
     assert checked.returncode == 0, checked.stdout + checked.stderr  # a note on a final run keeps it valid
     folder = folder_of(remote)
     assert sorted(p.name for p in folder.iterdir()) == [
-        "benchmark.json", "benchmark.sbatch", "jobs.json", f"slurm-{job}.out"]  # fmt: skip
+        "benchmark.json",
+        "benchmark.sbatch",
+        "jobs.json",
+        f"slurm-{job}.out",
+    ]
     assert f"{remote}: completed" in (folder / f"slurm-{job}.out").read_text()
     again = run(argv(remote, *QUICK, "--executor", "slurm"), cwd=ROOT, env=ENV)
     assert again.returncode == 2 and "already exists" in again.stderr, again.stderr

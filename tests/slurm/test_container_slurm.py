@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.jsonio import read_json
-from draftscope.slurm.benchmark import folder_of
+from draftscope.core.jsonio import read_json
+from draftscope.execute.slurm.benchmark import folder_of
 
 from containerlib import docker
 from support import ROOT, tiny_benchmark
@@ -34,8 +34,14 @@ LONG = ("--max-new-tokens", "256", "--repeats", "50", "--warmups", "0")  # minut
 
 
 def argv(output: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "invoke", *tiny_benchmark("docker", "--output", str(output), *extra),
-            "--executor", "slurm"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "invoke",
+        *tiny_benchmark("docker", "--output", str(output), *extra),
+        "--executor",
+        "slurm",
+    ]
 
 
 def env() -> dict[str, str]:
@@ -44,8 +50,9 @@ def env() -> dict[str, str]:
 
 
 def containers(output: Path, *flags: str) -> str:
-    return docker("ps", *flags, "--filter", f"label=draftscope.run={output.name}", "--format",
-                  "{{.Names}} {{.State}}").stdout.strip()  # fmt: skip
+    return docker(
+        "ps", *flags, "--filter", f"label=draftscope.run={output.name}", "--format", "{{.Names}} {{.State}}"
+    ).stdout.strip()
 
 
 def job_id(output: Path) -> str:
@@ -54,8 +61,9 @@ def job_id(output: Path) -> str:
 
 def test_a_container_benchmark_in_a_job_runs_in_the_image_and_leaves_nothing(cluster, kit_image, tmp_path):
     output = tmp_path / "crun"
-    done = subprocess.run(argv(output, *QUICK), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        argv(output, *QUICK), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900, check=False
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ran = read_json(output / "manifest.json")
     assert ran["status"] == "completed" and ran["config"]["runtime"] == "docker"
@@ -64,8 +72,14 @@ def test_a_container_benchmark_in_a_job_runs_in_the_image_and_leaves_nothing(clu
     assert ran["notes"][-1].startswith(
         f"slurm: job {job_id(output)} (ds-{output.name}-benchmark) ended COMPLETED"
     )
-    checked = subprocess.run([sys.executable, "-m", "invoke", "validate", str(output)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    checked = subprocess.run(
+        [sys.executable, "-m", "invoke", "validate", str(output)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "ok   ../crun.slurm/jobs.json (slurm-jobs)" in checked.stdout
     assert containers(output, "--all") == ""
@@ -73,8 +87,9 @@ def test_a_container_benchmark_in_a_job_runs_in_the_image_and_leaves_nothing(clu
 
 def test_scancel_of_a_container_benchmark_removes_its_container(cluster, kit_image, tmp_path):
     output = tmp_path / "cstop"
-    proc = subprocess.Popen(argv(output, *LONG), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv(output, *LONG), cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 300
         records = output / "records.jsonl"
@@ -98,5 +113,9 @@ def test_scancel_of_a_container_benchmark_removes_its_container(cluster, kit_ima
     while containers(output, "--all"):
         assert time.monotonic() < deadline, f"left behind: {containers(output, '--all')}"
         time.sleep(0.5)
-    assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=30,
-                          check=False).stdout.strip() == ""  # fmt: skip
+    assert (
+        subprocess.run(
+            ["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=30, check=False
+        ).stdout.strip()
+        == ""
+    )

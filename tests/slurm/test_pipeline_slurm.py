@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.jsonio import read_json
-from draftscope.schema import problems
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 
 from support import INVOKE_PIPELINE, ROOT, port_is_free, processes_naming
 
@@ -58,14 +58,29 @@ def train_python() -> str | None:
     if not Path(found).is_file():
         return None
     code = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
-    probe = subprocess.run([found, "-c", code, "speculators", "datasets", "draftscope"], capture_output=True,
-                           timeout=60, check=False)  # fmt: skip
+    probe = subprocess.run(
+        [found, "-c", code, "speculators", "datasets", "draftscope"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     return found if probe.returncode == 0 else None
 
 
 def pipeline_argv(workdir: Path, *args: str, opts: list[str], python: str | None = None) -> list[str]:
-    argv = [python or sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "tiny", "--runtime", "local",
-            "--workdir", str(workdir), *args]  # fmt: skip
+    argv = [
+        python or sys.executable,
+        "-c",
+        INVOKE_PIPELINE,
+        "pipeline",
+        "--preset",
+        "tiny",
+        "--runtime",
+        "local",
+        "--workdir",
+        str(workdir),
+        *args,
+    ]
     for opt in opts:
         argv += ["--opts", opt]
     return argv
@@ -169,7 +184,9 @@ def test_a_sharded_run_matches_a_local_run_and_resubmits_only_what_is_incomplete
     assert [j["status"] for j in jobs.values()] == ["completed"] * (6 if python else 3)
     regen, merge, pre = jobs["regen"], jobs["regen.merge"], jobs["pretokenize"]
     assert regen["array"] == "0-1" and sorted(t["job_id"] for t in regen["tasks"]) == [
-        f"{regen['job_id']}_0", f"{regen['job_id']}_1"]  # fmt: skip
+        f"{regen['job_id']}_0",
+        f"{regen['job_id']}_1",
+    ]
     assert merge["dependency"] == f"afterany:{regen['job_id']}"
     assert pre["dependency"] == f"afterok:{merge['job_id']}"
     for stage, writer in (("regen", merge["job_id"]), ("pretokenize", pre["job_id"])):
@@ -177,8 +194,12 @@ def test_a_sharded_run_matches_a_local_run_and_resubmits_only_what_is_incomplete
         assert problems(record, "stage-record") == [] and record["status"] == "completed"
         assert record["slurm"]["job_id"] == writer
     assert read_json(cluster_dir / "stages" / "regen.json")["slurm"]["array_job_id"] == regen["job_id"]
-    for name in (f"slurm-regen-{regen['job_id']}_0.out", f"slurm-regen-{regen['job_id']}_1.out",
-                 f"slurm-regen.merge-{merge['job_id']}.out", f"slurm-pretokenize-{pre['job_id']}.out"):  # fmt: skip
+    for name in (
+        f"slurm-regen-{regen['job_id']}_0.out",
+        f"slurm-regen-{regen['job_id']}_1.out",
+        f"slurm-regen.merge-{merge['job_id']}.out",
+        f"slurm-pretokenize-{pre['job_id']}.out",
+    ):
         assert (cluster_dir / "logs" / name).is_file(), name
     assert_nothing_left(cluster_dir, [port, port + 1], timeout=5)
     # The records hold a local run's command: a local run in the same workdir skips every stage.
@@ -192,8 +213,11 @@ def test_a_sharded_run_matches_a_local_run_and_resubmits_only_what_is_incomplete
     assert [s for s in stages.split(",") if f"{s}: skipped" not in again.stdout] == [], again.stdout
     assert len(ledger(cluster_dir)["submissions"]) == 1
     (cluster_dir / "stages" / "pretokenize.json").unlink()
-    rest = run(pipeline_argv(cluster_dir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=slurm_opts,
-                             python=python))  # fmt: skip
+    rest = run(
+        pipeline_argv(
+            cluster_dir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=slurm_opts, python=python
+        )
+    )
     assert rest.returncode == 0, rest.stdout + rest.stderr
     assert "regen: skipped" in rest.stdout and re.search(
         r"submitted 1 job\(s\): pretokenize \d+", rest.stdout
@@ -253,10 +277,18 @@ def check_hsextract_array(local: Path, cluster_dir: Path, jobs: dict) -> None:
 def test_a_cancelled_job_leaves_no_process_and_the_stage_says_why(cluster, tmp_path):
     port = free_ports(2)
     workdir = tmp_path / "w"
-    opts = [f"data.chat={long_chat(tmp_path / 'chat.jsonl')}", f"regen.base_port={port}",
-            "slurm.stages.regen.shards=2", "slurm.poll_interval_s=0.5"]  # fmt: skip
-    proc = subprocess.Popen(pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    opts = [
+        f"data.chat={long_chat(tmp_path / 'chat.jsonl')}",
+        f"regen.base_port={port}",
+        "slurm.stages.regen.shards=2",
+        "slurm.poll_interval_s=0.5",
+    ]
+    proc = subprocess.Popen(
+        pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_rows(workdir / "regen", proc)
     array = next(j for j in ledger(workdir)["submissions"][-1]["jobs"] if j["key"] == "regen")["job_id"]
     cancelled = run(["scancel", array], timeout=30)
@@ -291,8 +323,12 @@ def test_ctrl_c_cancels_every_submitted_job(cluster, tmp_path):
         f"regen.base_port={port}",
         "slurm.poll_interval_s=0.5",
     ]
-    proc = subprocess.Popen(pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_rows(workdir / "regen", proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -311,8 +347,12 @@ def test_a_job_past_its_time_limit_marks_the_stage_timed_out(cluster, tmp_path):
     """Slurm's limits are whole minutes, checked about every 30 s: this takes 60–90 s."""
     port = free_ports(1)
     workdir = tmp_path / "w"
-    opts = [f"data.chat={long_chat(tmp_path / 'chat.jsonl', rows=6000)}", f"regen.base_port={port}",
-            "slurm.stages.regen.time_limit_s=30", "slurm.poll_interval_s=1"]  # fmt: skip
+    opts = [
+        f"data.chat={long_chat(tmp_path / 'chat.jsonl', rows=6000)}",
+        f"regen.base_port={port}",
+        "slurm.stages.regen.time_limit_s=30",
+        "slurm.poll_interval_s=1",
+    ]
     done = run(
         pipeline_argv(workdir, "--stage", "regen,pretokenize", "--executor", "slurm", opts=opts), timeout=280
     )
@@ -334,11 +374,11 @@ def test_a_job_past_its_time_limit_marks_the_stage_timed_out(cluster, tmp_path):
 def test_every_option_the_kit_writes_exists_in_this_slurm(cluster):
     """sbatch parses a script's #SBATCH lines before it asks slurmctld anything: an unknown option is refused on
     its own ("unrecognized option"), whatever the cluster then thinks of the resources (no GPU here)."""
+    from draftscope.execute.slurm import client, jobs
     from draftscope.pipeline import plan as planning
     from draftscope.pipeline import registry
     from draftscope.pipeline.config import load_pipeline_config
     from draftscope.runtime import get_runtime
-    from draftscope.slurm import client, jobs
 
     def unrecognized(script: str) -> str:
         done = subprocess.run(
@@ -368,8 +408,9 @@ def test_every_option_the_kit_writes_exists_in_this_slurm(cluster):
     } <= used
     assert [unrecognized(script) for script in scripts] == [""] * len(scripts)
     submit = client.submit_argv("-", "afterok:1")  # the submission's own options, the script on stdin
-    done = subprocess.run([*submit[:-1], "--test-only"], input="#!/bin/bash\ntrue\n", capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [*submit[:-1], "--test-only"], input="#!/bin/bash\ntrue\n", capture_output=True, text=True, timeout=30
+    )
     assert "unrecognized option" not in done.stderr, done.stderr
     srun_line = next(line for line in "\n".join(scripts).splitlines() if line.startswith("srun "))
     srun_help = run(["srun", "--help"]).stdout
@@ -384,13 +425,26 @@ def test_every_option_the_kit_writes_exists_in_this_slurm(cluster):
 
 def test_slurm_refuses_before_anything_is_written(cluster, tmp_path):
     workdir = tmp_path / "w"
-    bad = run(pipeline_argv(workdir, "--stage", "pretokenize", "--executor", "slurm", "--partition", "nope",
-                            opts=[]), timeout=60)  # fmt: skip
+    bad = run(
+        pipeline_argv(
+            workdir, "--stage", "pretokenize", "--executor", "slurm", "--partition", "nope", opts=[]
+        ),
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "--partition: Slurm refused job pretokenize" in bad.stderr and "invalid partition" in bad.stderr
     assert "use one of this cluster's partitions (debug" in bad.stderr
-    big = run(pipeline_argv(workdir, "--stage", "pretokenize", "--executor", "slurm",
-                            opts=["slurm.stages.pretokenize.cpus_per_task=512"]), timeout=60)  # fmt: skip
+    big = run(
+        pipeline_argv(
+            workdir,
+            "--stage",
+            "pretokenize",
+            "--executor",
+            "slurm",
+            opts=["slurm.stages.pretokenize.cpus_per_task=512"],
+        ),
+        timeout=60,
+    )
     assert big.returncode == 2 and "slurm.stages.pretokenize" in big.stderr, big.stderr
     # A GPU preset from a host without GPUs (a login node) gets as far as Slurm, which finds no GPU node here.
     argv = pipeline_argv(
@@ -411,7 +465,7 @@ def sleeper_image(tmp_path: Path, env: dict[str, str]) -> None:
     """A private podman store holding a 2 MB image under the train image's reference: the host's dash, sleep and
     libc, whose entrypoint sleeps whatever the command (the stage's argv is ignored). The shared store is left
     alone; jobs find this one through CONTAINERS_STORAGE_CONF, which sbatch passes on."""
-    from draftscope.images import image_reference
+    from draftscope.ops.images import image_reference
 
     root = tmp_path / "rootfs"
     files = {"/bin/dash": "bin/sh", "/usr/bin/sleep": "usr/bin/sleep"}
@@ -427,10 +481,19 @@ def sleeper_image(tmp_path: Path, env: dict[str, str]) -> None:
     (root / "tmp").mkdir()
     subprocess.run(["tar", "-C", str(root), "-cf", str(tmp_path / "rootfs.tar"), "."], check=True)
     imported = subprocess.run(
-        ["podman", "import", "--change", 'ENTRYPOINT ["/bin/sh", "-c", "exec /usr/bin/sleep 600", "sh"]',
-         str(tmp_path / "rootfs.tar"), image_reference("train")],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        [
+            "podman",
+            "import",
+            "--change",
+            'ENTRYPOINT ["/bin/sh", "-c", "exec /usr/bin/sleep 600", "sh"]',
+            str(tmp_path / "rootfs.tar"),
+            image_reference("train"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert imported.returncode == 0, imported.stderr
 
 
@@ -449,8 +512,13 @@ def test_a_cancelled_job_removes_its_podman_container(cluster, tmp_path):
     sleeper_image(tmp_path, env)
 
     def containers() -> list[str]:
-        done = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
-                              env=env, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            ["podman", "ps", "-a", "--format", "{{.Names}}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout.split()
 

@@ -10,11 +10,11 @@ import yaml
 from test_analysis_report import cli
 from test_analysis_synthetic import make_run
 
-from draftscope import schema
 from draftscope.analysis import evidence
 from draftscope.analysis.compare import compare_runs, write_comparison
 from draftscope.analysis.load import load_run
-from draftscope.errors import UserError
+from draftscope.core import schema
+from draftscope.core.errors import UserError
 
 from support import ROOT
 
@@ -236,12 +236,28 @@ def test_a_head_study_result_is_a_measurement_too(research, tmp_path):
     _resum(research, "studies/captured-head.yaml")  # a new protocol's line is added by hand
     quantiles = {"min": 0.0, "p10": 0.0, "median": 1.0, "p90": 2.0, "max": 2.0, "n": 3}
     doc = {
-        "schema_version": 1, "run": "r1", "k": 64, "group_size": 64, "dtype": "bfloat16", "vocab": 500,
-        "hidden_size": 64, "calls": 3, "rows": 9, "certified": 8, "uncertified_relevant": 1,
-        "uncertified_irrelevant": 0, "fallback_rowwise": 2, "fallback_prefix": 1, "ties": 0, "disagreements": 0,
-        "certified_fraction": 8 / 9, "trigger_rows": {"0": 1}, "tail_margin": quantiles, "head_margin": quantiles,
+        "schema_version": 1,
+        "run": "r1",
+        "k": 64,
+        "group_size": 64,
+        "dtype": "bfloat16",
+        "vocab": 500,
+        "hidden_size": 64,
+        "calls": 3,
+        "rows": 9,
+        "certified": 8,
+        "uncertified_relevant": 1,
+        "uncertified_irrelevant": 0,
+        "fallback_rowwise": 2,
+        "fallback_prefix": 1,
+        "ties": 0,
+        "disagreements": 0,
+        "certified_fraction": 8 / 9,
+        "trigger_rows": {"0": 1},
+        "tail_margin": quantiles,
+        "head_margin": quantiles,
         "k_needed": None,
-    }  # fmt: skip
+    }
     assert schema.problems(doc, "head-study") == [] and evidence.measurement_task(doc) == "head-study"
     added = evidence.add(research, _write(tmp_path / "study.json", doc), "captured-head")
     assert added == ["evidence/captured-head/measurements/study.json"] and failures(research) == []
@@ -287,7 +303,7 @@ def test_the_gpu_check_script_runs_the_frozen_gpu_protocol():
     assert f"--device {options['device']}" in bench and f"--repeats {options['repeats']} " in bench
     # The study froze the task's defaults for vocab, rows, fallback and hidden.
     assert not {"--vocab", "--rows", "--fallback", "--hidden"} & set(bench.split())
-    from draftscope.cli_head import head_bench
+    from draftscope.cli.head import head_bench
 
     defaults = {k: p.default for k, p in inspect.signature(head_bench.body).parameters.items()}
     for key in ("vocab", "rows", "fallback"):

@@ -12,18 +12,18 @@ from invoke import Collection, Program
 from PIL import Image
 from test_analysis_synthetic import make_run
 
-from draftscope import schema
 from draftscope.analysis.load import load_run, load_runs
 from draftscope.analysis.report import run_row, write_report
-from draftscope.cli_analysis import ANALYSIS_TASKS, ns_evidence
-from draftscope.errors import UserError
+from draftscope.cli.analysis import ANALYSIS_TASKS, ns_evidence
+from draftscope.core import schema
+from draftscope.core.errors import UserError
 
 from support import HEAVY, ROOT, run_invoke
 
 LAUNCHER = (
     "import sys\n"
     "from invoke import Collection, Program\n"
-    "from draftscope.cli_analysis import ANALYSIS_TASKS, ns_evidence\n"
+    "from draftscope.cli.analysis import ANALYSIS_TASKS, ns_evidence\n"
     "ns = Collection(*ANALYSIS_TASKS)\n"
     "ns.add_collection(ns_evidence)\n"
     "Program(namespace=ns, name='draftscope', binary='invoke').run(['invoke', *sys.argv[1:]])\n"
@@ -33,7 +33,7 @@ LAUNCHER = (
 def run_cli(*args, cwd=ROOT, env=None, timeout=120):
     """`invoke ARGS` in a fresh interpreter, as a user runs it: through the main namespace once the analysis
     tasks are wired into it, until then the same tasks under the same parser."""
-    from draftscope.cli import ns
+    from draftscope.cli.tasks import ns
 
     if "analyze" in ns.task_names:
         return run_invoke(*args, cwd=cwd, env=env, timeout=timeout)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from test_analysis_synthetic import make_run
 
-from draftscope import schema
 from draftscope.analysis import reproduce as R
 from draftscope.analysis.load import load_run
-from draftscope.errors import UserError
-from draftscope.jsonio import iter_jsonl
+from draftscope.core import schema
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import iter_jsonl
 from draftscope.runtime import ContainerRuntime
 
 IMAGE = {
@@ -29,8 +29,8 @@ class Replay:
         self.source, self.change, self.calls = source, change, []
 
     def __call__(self, config, output, *, argv, say=print, kind="benchmark", notes=()):
-        from draftscope.config import to_dict
-        from draftscope.rundir import InputFile, RunDir
+        from draftscope.core.config import to_dict
+        from draftscope.core.rundir import InputFile, RunDir
 
         self.calls.append(config)
         frozen = to_dict(config)

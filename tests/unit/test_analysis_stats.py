@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_analysis_synthetic import PROMPTS, make_run
 
-from draftscope import schema
 from draftscope.analysis import stats
 from draftscope.analysis.compare import compare_runs, default_output, divergence, write_comparison
 from draftscope.analysis.load import load_run
-from draftscope.errors import UserError
+from draftscope.core import schema
+from draftscope.core.errors import UserError
 
 PROMPTS_TEXT = PROMPTS.read_text()
 

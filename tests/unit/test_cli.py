@@ -12,23 +12,23 @@ from support import HEAVY, ROOT, run_invoke
 
 HOST_MODULES = [
     "draftscope",
-    "draftscope.cli",
-    "draftscope.plan",
-    "draftscope.presets",
-    "draftscope.validate",
-    "draftscope.rundir",
-    "draftscope.render",
-    "draftscope.doctor",
-    "draftscope.schema",
-    "draftscope.cli_analysis",
+    "draftscope.cli.tasks",
+    "draftscope.bench.plan",
+    "draftscope.core.presets",
+    "draftscope.ops.validate",
+    "draftscope.core.rundir",
+    "draftscope.cli.render",
+    "draftscope.ops.doctor",
+    "draftscope.core.schema",
+    "draftscope.cli.analysis",
     "draftscope.analysis.compare",
     "draftscope.analysis.report",
     "draftscope.analysis.evidence",
-    "draftscope.cli_pipeline",
+    "draftscope.cli.pipeline",
     "draftscope.pipeline.plan",
     "draftscope.bench.supervisor",
     "draftscope.bench.backends.vllm",
-    "draftscope.images",
+    "draftscope.ops.images",
 ]
 
 
@@ -128,7 +128,7 @@ def test_user_error_is_one_line_without_traceback():
 
 
 def test_validate_cli_verdicts_and_exit_codes(tmp_path):
-    from draftscope.rundir import RunDir
+    from draftscope.core.rundir import RunDir
 
     config = {"schema_version": 1, "name": "t", "backend": "transformers", "model_preset": "tiny"}
     RunDir.create(tmp_path / "r", kind="benchmark", config=config, argv=["t"])
@@ -193,7 +193,7 @@ def test_a_bad_preset_is_one_line_naming_file_key_and_fix(tmp_path, old, new, ne
 
 
 def test_join_variadic_accepts_several_runs():
-    from draftscope.cli import join_variadic
+    from draftscope.cli.tasks import join_variadic
 
     assert join_variadic(["analyze", "A", "B", "--report", "R", "C"]) == ["analyze", "A,B,C", "--report", "R"]
     assert join_variadic(["analyze", "A", "validate", "X"]) == ["analyze", "A", "validate", "X"]

@@ -1,8 +1,8 @@
 import pytest
 
-from draftscope import presets as P
-from draftscope.config import deep_merge, parse_opts
-from draftscope.errors import UserError
+from draftscope.core import presets as P
+from draftscope.core.config import deep_merge, parse_opts
+from draftscope.core.errors import UserError
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -82,7 +82,7 @@ def test_cross_field_rules(overrides, needle):
 
 
 def test_custom_model_with_full_revision_is_used():
-    from draftscope.plan import plan_benchmark
+    from draftscope.bench.plan import plan_benchmark
 
     c = P.load_experiment("transformers-baseline", {"model": "Org/Name", "revision": SHA})
     plan = plan_benchmark(c)

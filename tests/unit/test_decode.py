@@ -18,7 +18,7 @@ from draftscope.bench.decode import (  # noqa: E402
     speculative_generate,
     verify,
 )
-from draftscope.resources import examples_dir  # noqa: E402
+from draftscope.core.resources import examples_dir  # noqa: E402
 from draftscope.tiny.models import DRAFT, TARGET, new_model  # noqa: E402
 
 MAX_NEW = 32

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from draftscope import doctor
-from draftscope.errors import UserError
-from draftscope.images import IMAGES, image_reference
+from draftscope.core.errors import UserError
+from draftscope.ops import doctor
+from draftscope.ops.images import IMAGES, image_reference
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
 
@@ -385,7 +385,7 @@ def test_collect_on_this_host():
 
 
 def test_doctor_imports_nothing_heavy():
-    code = "import sys, draftscope.doctor; bad = {'torch', 'pynvml', 'numpy'} & set(sys.modules); print(sorted(bad))"
+    code = "import sys, draftscope.ops.doctor; bad = {'torch', 'pynvml', 'numpy'} & set(sys.modules); print(sorted(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30)
     assert out.stdout.strip() == "[]"
 
@@ -399,7 +399,7 @@ def test_gpu_dataclass_is_frozen():
 
 
 def test_unpinned_bases_are_flagged_not_hidden():
-    from draftscope.images import load_lock, unpinned
+    from draftscope.ops.images import load_lock, unpinned
 
     report = doctor.collect(probes())
     expected = [f"not pinned: {line}" for line in unpinned(load_lock())]
@@ -407,7 +407,7 @@ def test_unpinned_bases_are_flagged_not_hidden():
 
 
 def test_a_checkout_copy_without_git_takes_the_stated_commit(monkeypatch):
-    from draftscope import provenance
+    from draftscope.core import provenance
 
     monkeypatch.setattr(provenance, "repo_root", lambda: None)
     monkeypatch.setenv(provenance.COMMIT_ENV, "a" * 40)

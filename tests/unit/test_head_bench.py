@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from draftscope import schema  # noqa: E402
-from draftscope.errors import UserError  # noqa: E402
+from draftscope.core import schema  # noqa: E402
+from draftscope.core.errors import UserError  # noqa: E402
 from draftscope.head import bench  # noqa: E402
 from draftscope.head.exact import gamma  # noqa: E402
 from draftscope.head.quant import QuantizedHead, coarse_logits, group_norms  # noqa: E402
@@ -98,8 +98,9 @@ def test_summary_ratios_follow_from_the_times():
 
 def test_main_small_run_prints_one_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    report = bench.main(device="cpu", vocab="300,500", hidden=64, rows="1,3", fallback="0,0.5", repeats=3,
-                        output=out)  # fmt: skip
+    report = bench.main(
+        device="cpu", vocab="300,500", hidden=64, rows="1,3", fallback="0,0.5", repeats=3, output=out
+    )
     printed = capsys.readouterr().out
     assert printed.count("head-bench on cpu") == 1
     for header in ("path/dense", "+0.5·dense", "GB dense→cert.", "bytes ratio", "coarse impl"):
@@ -112,8 +113,17 @@ def test_main_small_run_prints_one_table_and_writes_json(tmp_path, capsys):
     # Self-describing: the kit, the command, the options as parsed, the machine.
     assert set(data["kit"]) == {"version", "git_commit", "git_dirty"}
     assert isinstance(data["command"], list)
-    assert data["config"] == {"device": "cpu", "vocab": [300, 500], "hidden": 64, "rows": [1, 3],
-                              "fallback": [0.0, 0.5], "repeats": 3, "k": bench.K, "group_size": 64, "seed": 0}  # fmt: skip
+    assert data["config"] == {
+        "device": "cpu",
+        "vocab": [300, 500],
+        "hidden": 64,
+        "rows": [1, 3],
+        "fallback": [0.0, 0.5],
+        "repeats": 3,
+        "k": bench.K,
+        "group_size": 64,
+        "seed": 0,
+    }
     device = data["device"]
     assert device["type"] == "cpu" and device["name"] == device["cpu_model"] and device["gpu"] is None
     assert device["torch"] == torch.__version__ and device["threads"] == torch.get_num_threads()
@@ -147,7 +157,7 @@ def test_the_report_schema_lives_in_schemas_and_a_broken_report_is_a_bug():
 def test_gpu_facts_come_from_torch_and_the_driver(monkeypatch):
     from types import SimpleNamespace
 
-    from draftscope import doctor
+    from draftscope.ops import doctor
 
     props = SimpleNamespace(
         name="NVIDIA H200", major=9, minor=0, total_memory=141 * 2**30, multi_processor_count=132
@@ -155,13 +165,20 @@ def test_gpu_facts_come_from_torch_and_the_driver(monkeypatch):
     fake = SimpleNamespace(
         cuda=SimpleNamespace(get_device_properties=lambda i: props, device_count=lambda: 1)
     )
-    gpu = doctor.Gpu(0, "NVIDIA H200", None, (9, 0), 144384, 144000, "570.1", cuda_version="12.8",
-                     clocks_sm_max_mhz=1980)  # fmt: skip
+    gpu = doctor.Gpu(
+        0, "NVIDIA H200", None, (9, 0), 144384, 144000, "570.1", cuda_version="12.8", clocks_sm_max_mhz=1980
+    )
     monkeypatch.setattr(doctor, "gpus_from_nvml", lambda: [gpu])
     assert bench._gpu_info(fake) == {
-        "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 141 * 1024, "multiprocessors": 132, "count": 1,
-        "driver": "570.1", "driver_cuda": "12.8", "clocks_sm_max_mhz": 1980,
-    }  # fmt: skip
+        "name": "NVIDIA H200",
+        "capability": [9, 0],
+        "memory_mib": 141 * 1024,
+        "multiprocessors": 132,
+        "count": 1,
+        "driver": "570.1",
+        "driver_cuda": "12.8",
+        "clocks_sm_max_mhz": 1980,
+    }
     monkeypatch.setattr(doctor, "gpus_from_nvml", lambda: None)
     monkeypatch.setattr(doctor, "gpus_from_nvidia_smi", lambda: None)
     facts = bench._gpu_info(fake)
@@ -170,9 +187,14 @@ def test_gpu_facts_come_from_torch_and_the_driver(monkeypatch):
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"rows": "1,0"}, "rows"), ({"vocab": "abc"}, "vocab"), ({"fallback": "1.5"}, "fallback"),
-     ({"device": "tpu"}, "device"), ({"repeats": 0}, "repeats")],
-)  # fmt: skip
+    [
+        ({"rows": "1,0"}, "rows"),
+        ({"vocab": "abc"}, "vocab"),
+        ({"fallback": "1.5"}, "fallback"),
+        ({"device": "tpu"}, "device"),
+        ({"repeats": 0}, "repeats"),
+    ],
+)
 def test_bad_input_is_a_one_line_user_error(kwargs, field):
     with pytest.raises(UserError) as err:
         bench.main(**{"vocab": "300", "hidden": 64, "rows": "1", "repeats": 1, "quiet": True, **kwargs})

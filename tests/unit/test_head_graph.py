@@ -41,8 +41,9 @@ INTERPRETED = textwrap.dedent(
 
 def test_predicated_dense_kernel_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 

@@ -102,8 +102,16 @@ def argmax_lowest(r: np.ndarray) -> np.ndarray:
     return torch.from_numpy(r).argmax(dim=1).numpy()
 
 
-def make_case(rng: np.random.Generator, *, vocab: int, hidden: int, rows: int, ties: bool, nan_row: int | None,
-              scale: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def make_case(
+    rng: np.random.Generator,
+    *,
+    vocab: int,
+    hidden: int,
+    rows: int,
+    ties: bool,
+    nan_row: int | None,
+    scale: float,
+) -> tuple[np.ndarray, np.ndarray]:
     w = bf16((rng.standard_normal((vocab, hidden)) * 0.1).astype(np.float32))
     if ties and vocab >= 3:
         # Equal logits at different indices, and near-equal ones that collide after bf16 rounding.
@@ -147,8 +155,9 @@ def draft_tokens(rng: np.random.Generator, exact: np.ndarray, k: int, kinds: lis
     scale=st.sampled_from([0.01, 1.0, 8.0, 200.0]),
     kinds=st.lists(st.integers(0, 2), min_size=4, max_size=4),
 )
-def test_certified_tokens_and_verification_match_every_accumulation_order(seed, vocab, hidden_groups, rows, k, ties,
-                                                                         nan, scale, kinds):  # fmt: skip
+def test_certified_tokens_and_verification_match_every_accumulation_order(
+    seed, vocab, hidden_groups, rows, k, ties, nan, scale, kinds
+):
     rng = np.random.default_rng(seed)
     hidden, group = hidden_groups
     h, w = make_case(rng, vocab=vocab, hidden=hidden, rows=rows, ties=ties, nan_row=nan, scale=scale)
@@ -170,8 +179,10 @@ def test_certified_tokens_and_verification_match_every_accumulation_order(seed, 
 
     request = torch.zeros(rows, dtype=torch.long)
     expected = {verify_tokens(d.tolist(), draft.tolist()) for d in dense}
-    for decision in (prefix_decision(cert.certified, cert.tokens, rows_draft, request),
-                     rowwise_decision(cert.certified, request)):  # fmt: skip
+    for decision in (
+        prefix_decision(cert.certified, cert.tokens, rows_draft, request),
+        rowwise_decision(cert.certified, request),
+    ):
         if not bool(decision.need_dense):
             assert len(expected) == 1, "orders disagree on the verification, yet no dense pass was asked for"
             assert verify_tokens(tokens.tolist(), draft.tolist()) in expected

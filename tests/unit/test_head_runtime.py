@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from draftscope.errors import UserError  # noqa: E402
+from draftscope.core.errors import UserError  # noqa: E402
 from draftscope.head.capture import read_capture, write_capture  # noqa: E402
 from draftscope.head.runtime import Capture, CertifiedHead, HeadCounters, check_dense_head  # noqa: E402
 
@@ -21,9 +21,21 @@ def models():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    make = lambda layers: Qwen3ForCausalLM(Qwen3Config(  # noqa: E731
-        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=256)).eval()  # fmt: skip
+
+    def make(layers):
+        return Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=256,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=8,
+                max_position_embeddings=256,
+            )
+        ).eval()
+
     return make(2), make(1)
 
 

@@ -27,7 +27,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from draftscope.errors import MissingDependency, UserError  # noqa: E402
+from draftscope.core.errors import MissingDependency, UserError  # noqa: E402
 from draftscope.head import triton_kernels as tk  # noqa: E402
 from draftscope.head.certify import certify, dense_tokens, refine  # noqa: E402
 from draftscope.head.exact import gamma  # noqa: E402
@@ -94,12 +94,20 @@ def _coarse_cases() -> list[dict]:
         # per-row scales, bf16 rows, V not a multiple of the 64-token block, D = 200 not of the 128-column step
         {"id": "per-row", "weight": _head_weight(300, 200, 2), "group_size": None, "hidden": nan_rows},
         # 5 groups of 40 columns (a group smaller than the step: masked), 5 rows
-        {"id": "groups", "weight": _head_weight(300, 200, 3), "group_size": 40,
-         "hidden": torch.randn(5, 200, generator=gen).to(torch.bfloat16)},
+        {
+            "id": "groups",
+            "weight": _head_weight(300, 200, 3),
+            "group_size": 40,
+            "hidden": torch.randn(5, 200, generator=gen).to(torch.bfloat16),
+        },
         # fp32 activations take the IEEE fp32 dot
-        {"id": "fp32-rows", "weight": _head_weight(130, 64, 4), "group_size": 32,
-         "hidden": torch.randn(2, 64, generator=gen)},
-    ]  # fmt: skip
+        {
+            "id": "fp32-rows",
+            "weight": _head_weight(130, 64, 4),
+            "group_size": 32,
+            "hidden": torch.randn(2, 64, generator=gen),
+        },
+    ]
 
 
 def _topk_cases() -> list[dict]:
@@ -113,12 +121,16 @@ def _topk_cases() -> list[dict]:
     special[4, 20] = float("-inf")
     return [
         # 128 keys in blocks of 32, KP 16: three merge levels
-        {"id": "merge-levels", "upper": torch.randn(1, 128, generator=gen, dtype=torch.float64), "k": 5,
-         "block": 32},
+        {
+            "id": "merge-levels",
+            "upper": torch.randn(1, 128, generator=gen, dtype=torch.float64),
+            "k": 5,
+            "block": 32,
+        },
         {"id": "ties-nan-fp32", "upper": special, "k": 5, "block": 512},
         # the decode path's K + 2 = 66 (KP 128), fp32 input
         {"id": "k66-fp32", "upper": torch.randn(1, 300, generator=gen), "k": 66, "block": tk.TOPK_BLOCK},
-    ]  # fmt: skip
+    ]
 
 
 def _refine_cases() -> list[dict]:
@@ -126,11 +138,19 @@ def _refine_cases() -> list[dict]:
     ids = torch.randint(0, 300, (3, 11), generator=gen)
     ids[:, -1] = ids[:, 0]  # the bonus row's repeated candidate
     return [
-        {"id": "bf16", "weight": _head_weight(300, 200, 7), "hidden": torch.randn(3, 200, generator=gen)
-         .to(torch.bfloat16), "ids": ids},
-        {"id": "fp32-rows", "weight": _head_weight(300, 300, 8), "hidden": torch.randn(3, 300, generator=gen),
-         "ids": ids},
-    ]  # fmt: skip
+        {
+            "id": "bf16",
+            "weight": _head_weight(300, 200, 7),
+            "hidden": torch.randn(3, 200, generator=gen).to(torch.bfloat16),
+            "ids": ids,
+        },
+        {
+            "id": "fp32-rows",
+            "weight": _head_weight(300, 300, 8),
+            "hidden": torch.randn(3, 300, generator=gen),
+            "ids": ids,
+        },
+    ]
 
 
 CASES = {"coarse": _coarse_cases(), "topk": _topk_cases(), "refine": _refine_cases()}
@@ -144,8 +164,12 @@ def interpreted(tmp_path_factory):
     torch.save(CASES, folder / "in.pt")
     proc = subprocess.run(
         [sys.executable, "-c", INTERPRET_CHILD, str(folder / "in.pt"), str(folder / "out.pt")],
-        env=_env(TRITON_INTERPRET="1"), capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        env=_env(TRITON_INTERPRET="1"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(folder / "out.pt")
 
@@ -162,7 +186,7 @@ def test_module_imports_without_triton_and_names_the_install():
     code = (
         "import sys; sys.modules['triton'] = None\n"
         "from draftscope.head import triton_kernels as tk\n"
-        "from draftscope.errors import MissingDependency\n"
+        "from draftscope.core.errors import MissingDependency\n"
         "for call in (tk.kernels, lambda: tk.compile_kernels(80)):\n"
         "    try:\n        call()\n    except MissingDependency as e:\n        print('missing:', e.render())\n"
     )
@@ -281,8 +305,11 @@ def compiled(tmp_path_factory):
     proc = subprocess.run(
         [sys.executable, "-c", COMPILE_CHILD, ",".join(COMPILED)],
         env=_env(TRITON_CACHE_DIR=str(cache), TRITON_DEFAULT_FP_FUSION="1"),
-        capture_output=True, text=True, timeout=280, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 

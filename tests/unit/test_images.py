@@ -20,9 +20,9 @@ import pytest
 from invoke import Collection, Program
 
 from draftscope import __version__
-from draftscope import images as I
-from draftscope.doctor import Gpu
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
+from draftscope.ops import images as I
+from draftscope.ops.doctor import Gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES_DIR = ROOT / "images"
@@ -503,9 +503,14 @@ def test_parse_inspect():
 def test_digest_resolution():
     ref = "nvidia/cuda:13.0.1-runtime-ubuntu24.04@sha256:" + "0" * 64
     assert I.resolve_digest_argv(ref, "buildx") == [
-        "docker", "buildx", "imagetools", "inspect", "nvidia/cuda:13.0.1-runtime-ubuntu24.04",
-        "--format", "{{json .Manifest}}",
-    ]  # fmt: skip
+        "docker",
+        "buildx",
+        "imagetools",
+        "inspect",
+        "nvidia/cuda:13.0.1-runtime-ubuntu24.04",
+        "--format",
+        "{{json .Manifest}}",
+    ]
     assert I.resolve_digest_argv(ref, "skopeo")[-1] == "docker://nvidia/cuda:13.0.1-runtime-ubuntu24.04"
     digest = "sha256:" + "2" * 64
     assert I.parse_digest("buildx", json.dumps({"mediaType": "x", "digest": digest})) == digest
@@ -543,7 +548,7 @@ def test_execute_missing_binary_is_a_user_error():
 
 
 def _invoke(*args: str) -> None:
-    from draftscope.cli_images import ns_images
+    from draftscope.cli.images import ns_images
 
     Program(namespace=Collection(ns_images), name="invoke", binary="invoke").run(["invoke", *args])
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import read_json
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
+from draftscope.core.presets import load_model_preset, model_preset_names
+from draftscope.core.schema import problems
 from draftscope.pipeline import convert as C
 from draftscope.pipeline.__main__ import main as pipeline_main
 from draftscope.pipeline.__main__ import parser as pipeline_parser
 from draftscope.pipeline.config import DRAFTS
-from draftscope.presets import load_model_preset, model_preset_names
-from draftscope.schema import problems
 
 HIDDEN, VOCAB, RANK = 64, 512, 8
 SPECULATORS_ARCH = {
@@ -64,8 +64,12 @@ def speculators_config(draft: str, **changes) -> dict:
     if draft == "dflash2":
         config.update(conv_kernel_size=2, conv_group_size=16, selector_rank=RANK, selector_top_k=4)
     if draft == "dspark":
-        config.update(markov_rank=RANK, markov_head_type="vanilla", enable_confidence_head=True,
-                      confidence_head_with_markov=True)  # fmt: skip
+        config.update(
+            markov_rank=RANK,
+            markov_head_type="vanilla",
+            enable_confidence_head=True,
+            confidence_head_with_markov=True,
+        )
     for key, value in changes.items():
         if "." in key:
             outer, inner = key.split(".", 1)
@@ -130,10 +134,18 @@ def expected(draft: str, **changes) -> C.Expected:
         mask_token_id=511,
         hidden_size=HIDDEN,
         dflash2={"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": RANK, "selector_top_k": 4}
-        if draft == "dflash2" else {},
-        dspark={"markov_rank": RANK, "markov_head_type": "vanilla", "enable_confidence_head": True,
-                "confidence_head_with_markov": True, "sample_from_anchor": True} if draft == "dspark" else {},
-    )  # fmt: skip
+        if draft == "dflash2"
+        else {},
+        dspark={
+            "markov_rank": RANK,
+            "markov_head_type": "vanilla",
+            "enable_confidence_head": True,
+            "confidence_head_with_markov": True,
+            "sample_from_anchor": True,
+        }
+        if draft == "dspark"
+        else {},
+    )
     values.update(changes)
     return C.Expected(**values)
 
@@ -182,7 +194,11 @@ def test_dflash2_carries_selector_and_conv_fields_in_dflash_config(tmp_path):
     C.convert(checkpoint(tmp_path, "dflash2"), tmp_path / "draft", expected("dflash2"))
     nested = read_json(tmp_path / "draft" / "config.json")["dflash_config"]
     assert {k: nested[k] for k in C.DFLASH2_KEYS} == {
-        "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": RANK, "selector_top_k": 4}  # fmt: skip
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+        "selector_rank": RANK,
+        "selector_top_k": 4,
+    }
 
 
 @pytest.mark.parametrize(("anchor", "gamma"), [(True, 4), (False, 3)])
@@ -311,12 +327,38 @@ def test_the_in_container_command_converts_and_writes_its_result(tmp_path):
     checkpoint(tmp_path, "dspark")
     result = tmp_path / "stages" / "convert.result.json"
     argv = [
-        "convert", "--result", str(result), "--checkpoints", str(tmp_path / "checkpoints"), "--output",
-        str(tmp_path / "draft"), "--draft", "dspark", "--target-layer-ids", "1", "2", "--num-target-layers", "4",
-        "--num-draft-layers", "2", "--block-size", "4", "--vocab-size", str(VOCAB), "--mask-token-id", "511",
-        "--hidden-size", str(HIDDEN), "--markov-rank", str(RANK), "--markov-head-type", "vanilla",
-        "--enable-confidence-head", "--confidence-head-with-markov", "--sample-from-anchor",
-    ]  # fmt: skip
+        "convert",
+        "--result",
+        str(result),
+        "--checkpoints",
+        str(tmp_path / "checkpoints"),
+        "--output",
+        str(tmp_path / "draft"),
+        "--draft",
+        "dspark",
+        "--target-layer-ids",
+        "1",
+        "2",
+        "--num-target-layers",
+        "4",
+        "--num-draft-layers",
+        "2",
+        "--block-size",
+        "4",
+        "--vocab-size",
+        str(VOCAB),
+        "--mask-token-id",
+        "511",
+        "--hidden-size",
+        str(HIDDEN),
+        "--markov-rank",
+        str(RANK),
+        "--markov-head-type",
+        "vanilla",
+        "--enable-confidence-head",
+        "--confidence-head-with-markov",
+        "--sample-from-anchor",
+    ]
     assert pipeline_main(argv) == 0
     done = read_json(result)
     assert done["exit_code"] == 0 and done["counts"]["epoch"] == 0 and done["versions"]["draftscope"]

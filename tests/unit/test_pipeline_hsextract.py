@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline.hsextract_transformers import extract, file_for
 
 torch = pytest.importorskip("torch")
@@ -20,8 +20,15 @@ def model():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 

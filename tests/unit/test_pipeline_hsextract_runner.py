@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
+from draftscope.core.schema import problems
 from draftscope.pipeline import hsextract_runner as H
-from draftscope.schema import problems
 
 from support import HEALTH_SERVER
 
@@ -48,19 +48,50 @@ def setup(tmp_path: Path, *, skip: int = -1, hidden: int = HIDDEN, exit_code: in
     commands = []
     for rank in range(2):
         port = free_port()
-        commands.append({"name": f"server-{rank}", "argv": [sys.executable, "-c", HEALTH_SERVER, str(port)],
-                         "env": {}, "gpus": [rank], "port": port})  # fmt: skip
+        commands.append(
+            {
+                "name": f"server-{rank}",
+                "argv": [sys.executable, "-c", HEALTH_SERVER, str(port)],
+                "env": {},
+                "gpus": [rank],
+                "port": port,
+            }
+        )
     for rank in range(2):
         code = f"sys.exit({exit_code})\n" if rank == 1 and exit_code else ""
-        commands.append({"name": f"client-{rank}", "env": {}, "gpus": [], "port": None,
-                         "argv": [sys.executable, "-c", CLIENT + code, str(rank), "2", str(ROWS), str(out),
-                                  str(LAYERS), str(hidden), str(skip)]})  # fmt: skip
+        commands.append(
+            {
+                "name": f"client-{rank}",
+                "env": {},
+                "gpus": [],
+                "port": None,
+                "argv": [
+                    sys.executable,
+                    "-c",
+                    CLIENT + code,
+                    str(rank),
+                    "2",
+                    str(ROWS),
+                    str(out),
+                    str(LAYERS),
+                    str(hidden),
+                    str(skip),
+                ],
+            }
+        )
     stages = tmp_path / "stages"
     stages.mkdir(exist_ok=True)
     (stages / "hsextract.commands.json").write_text(json.dumps({"schema_version": 1, "commands": commands}))
-    return argparse.Namespace(commands=str(stages / "hsextract.commands.json"), data="unused", output=str(out),
-                              summary=str(tmp_path / "hsextract" / "summary.json"), layer_ids=[2, 3, 4],
-                              hidden_size=HIDDEN, startup_timeout=30.0, logs=None)  # fmt: skip
+    return argparse.Namespace(
+        commands=str(stages / "hsextract.commands.json"),
+        data="unused",
+        output=str(out),
+        summary=str(tmp_path / "hsextract" / "summary.json"),
+        layer_ids=[2, 3, 4],
+        hidden_size=HIDDEN,
+        startup_timeout=30.0,
+        logs=None,
+    )
 
 
 @pytest.fixture(autouse=True)

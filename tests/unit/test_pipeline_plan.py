@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
+from draftscope.core.presets import load_model_preset, model_preset_names
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
-from draftscope.presets import load_model_preset, model_preset_names
 from draftscope.runtime import get_runtime
 
 PRESETS = model_preset_names()
@@ -32,7 +32,7 @@ EXPECTED_IMAGES = {
     "bench": "sglang",
 }
 INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
+    "from invoke import Collection, Program; from draftscope.cli.pipeline import PIPELINE_TASKS; "
     "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
 )
 
@@ -165,8 +165,12 @@ def test_dflash_family_is_served_under_dflash_with_the_block_size(draft):
 @pytest.mark.parametrize("preset", HYBRID)
 def test_bug1_hybrid_targets_turn_off_custom_all_reduce_in_every_vllm_command(preset):
     plan = build(preset, "dflash2")
-    vllm_commands = [c for name in ("regen", "hsextract") for c in stage_plan(plan, name).commands
-                     if c.name.startswith("server")]  # fmt: skip
+    vllm_commands = [
+        c
+        for name in ("regen", "hsextract")
+        for c in stage_plan(plan, name).commands
+        if c.name.startswith("server")
+    ]
     assert vllm_commands
     for command in vllm_commands:
         argv = list(command.argv)
@@ -306,7 +310,10 @@ def test_config_file_then_flags_then_opts(tmp_path):
     )
     resolved = load_pipeline_config(config_file=str(run), opts=["train.epochs=5"])
     assert (resolved.config.draft, resolved.config.model_preset, resolved.config.train.epochs) == (
-        "dspark", "qwen3-8b", 5)  # fmt: skip
+        "dspark",
+        "qwen3-8b",
+        5,
+    )
     assert load_pipeline_config(draft="dflash2", config_file=str(run)).config.draft == "dflash2"
     train = upstream(stage_plan(build("qwen3-8b", "dflash", opts=["train.epochs=5"]), "train").step.argv)
     assert values_after(train, "--epochs") == ["5"]
@@ -329,8 +336,10 @@ def test_bad_configs_fail_with_the_field_named(kwargs, words):
 
 def test_the_local_runtime_plans_host_paths(tmp_path):
     plan = build("qwen3-8b", "dflash", stage="prepare", runtime="local", workdir=str(tmp_path / "w"))
-    argv = get_runtime("local").argv(plan.stages[0].step, __import__("draftscope.runtime").runtime.Context(
-        run_dir=tmp_path / "w", run_id="w"))  # fmt: skip
+    argv = get_runtime("local").argv(
+        plan.stages[0].step,
+        __import__("draftscope.runtime").runtime.Context(run_dir=tmp_path / "w", run_id="w"),
+    )
     assert argv[0] == sys.executable
     assert f"{tmp_path}/w/pretokenize/rows.jsonl" in argv
 
@@ -342,8 +351,13 @@ def run_task(*args, cwd, extra_env=None):
     env = {**os.environ, **(extra_env or {})}
     return subprocess.run(
         [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_dry_run_prints_all_stages_creates_nothing_imports_no_torch_and_is_fast(tmp_path):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import iter_jsonl, read_json
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import iter_jsonl, read_json
+from draftscope.core.schema import problems
 from draftscope.pipeline import pretokenize as P
 from draftscope.pipeline.__main__ import main as pipeline_main
-from draftscope.schema import problems
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -150,14 +150,31 @@ def test_duplicate_ids_and_bad_rows_are_user_errors(tmp_path):
 
 def test_the_in_container_command_writes_rows_stats_and_result(tokenizer_dir, tmp_path):
     source = tmp_path / "chat.jsonl"
-    source.write_text("".join(json.dumps({"id": f"r{i}", "messages": chat("s", "q", f"reply {i}")}) + "\n"
-                              for i in range(4)))  # fmt: skip
+    source.write_text(
+        "".join(
+            json.dumps({"id": f"r{i}", "messages": chat("s", "q", f"reply {i}")}) + "\n" for i in range(4)
+        )
+    )
     result = tmp_path / "stages" / "pretokenize.result.json"
-    code = pipeline_main([
-        "pretokenize", "--result", str(result), "--input", str(source), "--tokenizer", str(tokenizer_dir),
-        "--output", str(tmp_path / "out" / "rows.jsonl"), "--stats", str(tmp_path / "out" / "stats.json"),
-        "--max-length", "128", "--max-rows", "3",
-    ])  # fmt: skip
+    code = pipeline_main(
+        [
+            "pretokenize",
+            "--result",
+            str(result),
+            "--input",
+            str(source),
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--output",
+            str(tmp_path / "out" / "rows.jsonl"),
+            "--stats",
+            str(tmp_path / "out" / "stats.json"),
+            "--max-length",
+            "128",
+            "--max-rows",
+            "3",
+        ]
+    )
     assert code == 0
     stats = read_json(tmp_path / "out" / "stats.json")
     assert stats["rows"] == 3 and problems(stats, "stage-pretokenize") == []
@@ -167,9 +184,20 @@ def test_the_in_container_command_writes_rows_stats_and_result(tokenizer_dir, tm
 def test_no_surviving_row_fails_the_stage(tokenizer_dir, tmp_path):
     source = tmp_path / "chat.jsonl"
     source.write_text(json.dumps({"id": "only", "messages": chat("s", "q")}) + "\n")
-    code = pipeline_main([
-        "pretokenize", "--input", str(source), "--tokenizer", str(tokenizer_dir),
-        "--output", str(tmp_path / "rows.jsonl"), "--stats", str(tmp_path / "stats.json"), "--max-length", "64",
-    ])  # fmt: skip
+    code = pipeline_main(
+        [
+            "pretokenize",
+            "--input",
+            str(source),
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--output",
+            str(tmp_path / "rows.jsonl"),
+            "--stats",
+            str(tmp_path / "stats.json"),
+            "--max-length",
+            "64",
+        ]
+    )
     assert code == 2
     assert Path(tmp_path / "stats.json").is_file()  # the statistics say why

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline import regen_client as R
 
 SAMPLING = R.Sampling("target", 8, 0.0, 0)
@@ -42,11 +42,18 @@ class FlakyServer:
                 elif count <= outer.transient:
                     status, payload = outer.code, {"error": {"message": "busy"}}
                 else:
-                    status, payload = 200, {
-                        "choices": [{"message": {"role": "assistant", "content": f"re: {prompt}"},
-                                     "finish_reason": "stop"}],
-                        "usage": {"completion_tokens": 3},
-                    }  # fmt: skip
+                    status, payload = (
+                        200,
+                        {
+                            "choices": [
+                                {
+                                    "message": {"role": "assistant", "content": f"re: {prompt}"},
+                                    "finish_reason": "stop",
+                                }
+                            ],
+                            "usage": {"completion_tokens": 3},
+                        },
+                    )
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
@@ -80,8 +87,10 @@ def write_rows(path: Path, prompts: list[str], assistant: bool = True) -> list[R
 
 def test_rows_are_checked_with_the_line_and_field(tmp_path):
     path = tmp_path / "chat.jsonl"
-    path.write_text('{"id": 1, "messages": [{"role": "user", "content": "a"}]}\n'
-                    '{"id": 1, "messages": [{"role": "user", "content": "b"}]}\n')  # fmt: skip
+    path.write_text(
+        '{"id": 1, "messages": [{"role": "user", "content": "a"}]}\n'
+        '{"id": 1, "messages": [{"role": "user", "content": "b"}]}\n'
+    )
     with pytest.raises(UserError, match=r"chat.jsonl:2.*duplicate row id '1'"):
         R.read_rows(path)
     path.write_text('{"id": "a", "messages": [{"role": "user"}]}\n')
@@ -106,8 +115,16 @@ def test_transient_statuses_are_retried_and_rows_shard_over_instances(tmp_path, 
     servers = [FlakyServer(transient=2, code=code) for code in (503, 429)]
     try:
         rows = write_rows(tmp_path / "chat.jsonl", [f"q{i}" for i in range(10)])
-        tally = R.regenerate(rows, [s.url for s in servers], SAMPLING, tmp_path / "out", concurrency=3,
-                             max_retries=3, timeout=10, say=lambda _: None)  # fmt: skip
+        tally = R.regenerate(
+            rows,
+            [s.url for s in servers],
+            SAMPLING,
+            tmp_path / "out",
+            concurrency=3,
+            max_retries=3,
+            timeout=10,
+            say=lambda _: None,
+        )
     finally:
         for s in servers:
             s.close()
@@ -136,8 +153,16 @@ def test_a_client_error_is_not_retried_and_exhausted_retries_become_errors(tmp_p
     server = FlakyServer(transient=100)
     try:
         rows = write_rows(tmp_path / "chat.jsonl", ["bad one", "busy one"])
-        tally = R.regenerate(rows, [server.url], SAMPLING, tmp_path / "out", concurrency=2, max_retries=2,
-                             timeout=10, say=lambda _: None)  # fmt: skip
+        tally = R.regenerate(
+            rows,
+            [server.url],
+            SAMPLING,
+            tmp_path / "out",
+            concurrency=2,
+            max_retries=2,
+            timeout=10,
+            say=lambda _: None,
+        )
     finally:
         server.close()
     assert server.seen["bad one"] == 1 and server.seen["busy one"] == 3
@@ -153,8 +178,16 @@ def test_a_client_error_is_not_retried_and_exhausted_retries_become_errors(tmp_p
 
 def test_no_server_at_all_is_a_retried_connection_error(tmp_path, fast_backoff):
     rows = write_rows(tmp_path / "chat.jsonl", ["q"])
-    tally = R.regenerate(rows, ["http://127.0.0.1:9"], SAMPLING, tmp_path / "out", concurrency=1, max_retries=1,
-                         timeout=2, say=lambda _: None)  # fmt: skip
+    tally = R.regenerate(
+        rows,
+        ["http://127.0.0.1:9"],
+        SAMPLING,
+        tmp_path / "out",
+        concurrency=1,
+        max_retries=1,
+        timeout=2,
+        say=lambda _: None,
+    )
     (error,) = map(json.loads, (tmp_path / "out" / "errors.jsonl").read_text().splitlines())
     assert tally.errors == 1 and error["status"] is None and error["attempts"] == 2
 
@@ -173,8 +206,9 @@ def test_resume_cuts_a_torn_line_skips_done_rows_and_retries_errors(tmp_path, fa
     server = FlakyServer()
     try:
         pending = [r for r in rows if r.id != "r0"]
-        R.regenerate(pending, [server.url], SAMPLING, out, concurrency=2, max_retries=0, timeout=10,
-                     say=lambda _: None)  # fmt: skip
+        R.regenerate(
+            pending, [server.url], SAMPLING, out, concurrency=2, max_retries=0, timeout=10, say=lambda _: None
+        )
     finally:
         server.close()
     assert "q0" not in server.seen and server.seen["q2"] == 1

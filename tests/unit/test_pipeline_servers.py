@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline import servers as S
 from draftscope.pipeline.base import Command
 
@@ -39,8 +39,9 @@ def free_port() -> int:
 
 def server(name: str, status: int = 200, stubborn: bool = False) -> Command:
     port = free_port()
-    return Command(name, (sys.executable, "-c", SERVER, str(port), str(status), "1" if stubborn else "0"),
-                   port=port)  # fmt: skip
+    return Command(
+        name, (sys.executable, "-c", SERVER, str(port), str(status), "1" if stubborn else "0"), port=port
+    )
 
 
 def quiet(_line: str) -> None:
@@ -77,8 +78,9 @@ def test_a_server_never_healthy_times_out_and_is_stopped(tmp_path):
 
 
 def test_stop_kills_a_server_that_ignores_sigterm(tmp_path):
-    group = S.ServerGroup([server("server-0", stubborn=True)], logs=tmp_path, stage="t", startup_timeout=30,
-                          say=quiet)  # fmt: skip
+    group = S.ServerGroup(
+        [server("server-0", stubborn=True)], logs=tmp_path, stage="t", startup_timeout=30, say=quiet
+    )
     group.start()
     group.wait_healthy()
     process = group.running[0].process
@@ -87,8 +89,10 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path):
 
 
 def test_clients_run_side_by_side_and_report_exit_codes(tmp_path):
-    clients = [Command("client-0", (sys.executable, "-c", "print('a')")),
-               Command("client-1", (sys.executable, "-c", "import sys; sys.exit(4)"))]  # fmt: skip
+    clients = [
+        Command("client-0", (sys.executable, "-c", "print('a')")),
+        Command("client-1", (sys.executable, "-c", "import sys; sys.exit(4)")),
+    ]
     assert S.run_clients(clients, logs=tmp_path, stage="t", poll=0.05) == {"client-0": 0, "client-1": 4}
     assert (tmp_path / "t.client-0.log").read_text() == "a\n"
 
@@ -104,10 +108,11 @@ def test_a_server_dying_under_its_clients_fails_the_stage(tmp_path):
 
 
 def test_commands_round_trip_through_the_file(tmp_path):
-    from draftscope.jsonio import atomic_write_json
+    from draftscope.core.jsonio import atomic_write_json
 
-    command = Command("server-0", ("vllm", "serve", "m"), env={"CUDA_VISIBLE_DEVICES": "2,3"}, gpus=(2, 3),
-                      port=8100)  # fmt: skip
+    command = Command(
+        "server-0", ("vllm", "serve", "m"), env={"CUDA_VISIBLE_DEVICES": "2,3"}, gpus=(2, 3), port=8100
+    )
     atomic_write_json(
         tmp_path / "c.json", {"schema_version": 1, "stage": "regen", "commands": [command.to_dict()]}
     )

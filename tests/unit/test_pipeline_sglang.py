@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import read_json
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
+from draftscope.core.schema import problems
 from draftscope.pipeline import sglang_stages as S
-from draftscope.schema import problems
 
 from support import ROOT
 
@@ -74,28 +74,43 @@ def write_prompts(tmp_path: Path, ids=PROMPTS) -> Path:
 def bench_args(tmp_path: Path, commands: Path, *extra: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     S.add_bench_arguments(p)
-    return p.parse_args([
-        "--commands", str(commands),
-        "--prompts", str(write_prompts(tmp_path)),
-        "--output", str(tmp_path / "run" / "bench" / "bench.json"),
-        "--draft", "dflash",
-        "--algorithm", "DFLASH",
-        "--draft-tokens", "4",
-        "--max-new-tokens", str(MAX_TOKENS),
-        "--startup-timeout", "20",
-        *extra,
-    ])  # fmt: skip
+    return p.parse_args(
+        [
+            "--commands",
+            str(commands),
+            "--prompts",
+            str(write_prompts(tmp_path)),
+            "--output",
+            str(tmp_path / "run" / "bench" / "bench.json"),
+            "--draft",
+            "dflash",
+            "--algorithm",
+            "DFLASH",
+            "--draft-tokens",
+            "4",
+            "--max-new-tokens",
+            str(MAX_TOKENS),
+            "--startup-timeout",
+            "20",
+            *extra,
+        ]
+    )
 
 
 def serve_argv(tmp_path: Path, commands: Path, *extra: str) -> list[str]:
     return [
-        "--commands", str(commands),
-        "--plan", str(tmp_path / "run" / "serve" / "plan.json"),
-        "--algorithm", "DFLASH",
-        "--draft-path", "/draftscope/run/draft",
-        "--startup-timeout", "20",
+        "--commands",
+        str(commands),
+        "--plan",
+        str(tmp_path / "run" / "serve" / "plan.json"),
+        "--algorithm",
+        "DFLASH",
+        "--draft-path",
+        "/draftscope/run/draft",
+        "--startup-timeout",
+        "20",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def serve_args(tmp_path: Path, commands: Path, *extra: str) -> argparse.Namespace:
@@ -140,15 +155,22 @@ def test_bench_measures_the_run_mean_and_the_rate_from_the_servers_counts(tmp_pa
     assert inst["server_avg_accept_length"] == pytest.approx(94 / 34)
     assert [r["spec_verify_ct"] for r in result["per_request"]] == [5, 8, 4, 5, 8, 4]
     assert [r["prompt_id"] for r in result["per_request"]] == [*PROMPTS, *PROMPTS]
-    assert counts == {"requests": 6, "instances": 1, "mean_accept_length": result["mean_accept_length"],
-                      "accept_rate": result["accept_rate"]}  # fmt: skip
+    assert counts == {
+        "requests": 6,
+        "instances": 1,
+        "mean_accept_length": result["mean_accept_length"],
+        "accept_rate": result["accept_rate"],
+    }
 
 
 def test_bench_splits_round_robin_and_records_each_instances_server_figures(tmp_path):
-    commands = write_commands(tmp_path, [
-        fake(tmp_path, "server-0", "--accept-lengths", "3,2,4"),
-        fake(tmp_path, "server-1", "--accept-lengths", "2", "--model-name", "other-target"),
-    ])  # fmt: skip
+    commands = write_commands(
+        tmp_path,
+        [
+            fake(tmp_path, "server-0", "--accept-lengths", "3,2,4"),
+            fake(tmp_path, "server-1", "--accept-lengths", "2", "--model-name", "other-target"),
+        ],
+    )
     S.bench_main(bench_args(tmp_path, commands, "--repeats", "2"))
     result = valid(read_json(tmp_path / "run" / "bench" / "bench.json"), "stage-bench")
 
@@ -259,8 +281,13 @@ def test_a_server_that_never_becomes_healthy_fails_and_is_stopped(tmp_path):
 
 
 def test_a_server_that_exits_early_fails_and_its_healthy_sibling_is_stopped(tmp_path):
-    broken = {"name": "server-1", "argv": ["python", "-c", "import sys, time; time.sleep(1); sys.exit(3)"], "env": {}, "gpus": [],
-              "port": free_port()}  # fmt: skip
+    broken = {
+        "name": "server-1",
+        "argv": ["python", "-c", "import sys, time; time.sleep(1); sys.exit(3)"],
+        "env": {},
+        "gpus": [],
+        "port": free_port(),
+    }
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--startup-delay", "0.5"), broken])
     with pytest.raises(UserError, match="server-1 exited with code 3 before it was healthy"):
         S.bench_main(bench_args(tmp_path, commands))
@@ -282,9 +309,27 @@ def test_bench_through_the_in_container_entry_point(tmp_path, capsys):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--accept-lengths", "2")])
     args = bench_args(tmp_path, commands)
     result = tmp_path / "run" / "stages" / "bench.result.json"
-    argv = ["bench", "--result", str(result), "--commands", str(commands), "--prompts", args.prompts,
-            "--output", args.output, "--draft", "dflash2", "--algorithm", "DFLASH", "--draft-tokens", "4",
-            "--max-new-tokens", str(MAX_TOKENS), "--startup-timeout", "20"]  # fmt: skip
+    argv = [
+        "bench",
+        "--result",
+        str(result),
+        "--commands",
+        str(commands),
+        "--prompts",
+        args.prompts,
+        "--output",
+        args.output,
+        "--draft",
+        "dflash2",
+        "--algorithm",
+        "DFLASH",
+        "--draft-tokens",
+        "4",
+        "--max-new-tokens",
+        str(MAX_TOKENS),
+        "--startup-timeout",
+        "20",
+    ]
     assert pipeline_main(argv) == 0
     counts = read_json(result)["counts"]
     assert counts["requests"] == 3 and counts["mean_accept_length"] == pytest.approx(2.0)
@@ -343,8 +388,13 @@ print(S.serve_main(p.parse_args(sys.argv[1:])), flush=True)
 def test_serve_hold_keeps_serving_until_sigterm(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0")], stage="serve")
     plan = tmp_path / "run" / "serve" / "plan.json"
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_SCRIPT, *serve_argv(tmp_path, commands, "--hold")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SCRIPT, *serve_argv(tmp_path, commands, "--hold")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not plan.exists() and proc.poll() is None and time.monotonic() < deadline:

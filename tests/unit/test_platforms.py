@@ -1,11 +1,12 @@
-"""Platform rules (draftscope.platforms) and the driver-vs-image CUDA check of `invoke doctor`."""
+"""Platform rules (draftscope.core.platforms) and the driver-vs-image CUDA check of `invoke doctor`."""
 
 from __future__ import annotations
 
 import pytest
 
-from draftscope import doctor, platforms
-from draftscope.errors import UserError
+from draftscope.core import platforms
+from draftscope.core.errors import UserError
+from draftscope.ops import doctor
 
 
 @pytest.mark.parametrize("system", ["darwin", "win32"])

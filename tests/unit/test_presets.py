@@ -2,9 +2,9 @@ import shutil
 
 import pytest
 
-from draftscope import presets as P
-from draftscope.errors import UserError
-from draftscope.plan import plan_benchmark
+from draftscope.bench.plan import plan_benchmark
+from draftscope.core import presets as P
+from draftscope.core.errors import UserError
 
 MODELS = P.model_preset_names()
 EXPERIMENTS = P.experiment_preset_names()
@@ -70,7 +70,7 @@ def test_primary_preset_matches_the_published_dflash2_draft_geometry():
 @pytest.fixture
 def preset_copy(tmp_path, monkeypatch):
     """A private copy of presets/ that the test may corrupt."""
-    from draftscope import resources
+    from draftscope.core import resources
 
     src = resources.presets_dir()
     dst = tmp_path / "presets"
@@ -138,8 +138,8 @@ def test_a_preset_without_source_is_told_that_alone():
     """The hub/kit_model conditions hold only once `source` is given: one problem, naming `source`."""
     import yaml
 
-    from draftscope import schema
-    from draftscope.resources import presets_dir
+    from draftscope.core import schema
+    from draftscope.core.resources import presets_dir
 
     doc = yaml.safe_load((presets_dir() / "models" / "tiny.yaml").read_text())
     del doc["source"]

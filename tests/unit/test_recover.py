@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from draftscope.bench.recover import recover
-from draftscope.cli import _liveness_line
-from draftscope.errors import UserError
-from draftscope.jsonio import iter_jsonl, read_json
-from draftscope.rundir import SUPERVISOR, RunDir, Supervision, liveness
-from draftscope.validate import validate_run
+from draftscope.cli.tasks import _liveness_line
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import iter_jsonl, read_json
+from draftscope.core.rundir import SUPERVISOR, RunDir, Supervision, liveness
+from draftscope.ops.validate import validate_run
 
 from support import ROOT
 
@@ -30,7 +30,7 @@ KILLED = textwrap.dedent(
     import json, os, signal, sys
     sys.path[:0] = [{tests!r}, {unit!r}]
     import test_analysis_synthetic as synthetic
-    from draftscope.rundir import RunDir
+    from draftscope.core.rundir import RunDir
 
     step = json.loads(sys.argv[2])
     create = RunDir.create.__func__
@@ -259,7 +259,7 @@ def test_analysis_says_a_killed_runs_supervisor_is_gone(tmp_path):
 
 
 def test_liveness_of_a_run_the_reader_cannot_write(tmp_path, monkeypatch):
-    import draftscope.rundir as rundir_module
+    import draftscope.core.rundir as rundir_module
 
     run = killed_run(tmp_path)
     real_open = os.open

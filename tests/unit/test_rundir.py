@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_json, iter_jsonl, read_json
-from draftscope.rundir import RunDir
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json, iter_jsonl, read_json
+from draftscope.core.rundir import RunDir
 
 CONFIG = {"schema_version": 1, "name": "t", "backend": "transformers", "model_preset": "tiny"}
 
@@ -82,7 +82,7 @@ def test_invalid_config_is_refused_before_creation(tmp_path):
 
 
 def test_missing_input_fails_before_anything_is_created(tmp_path):
-    from draftscope.rundir import InputFile
+    from draftscope.core.rundir import InputFile
 
     with pytest.raises(UserError, match="input file not found"):
         make_run(tmp_path / "r", inputs=[InputFile("prompts", tmp_path / "nope.json")])
@@ -90,7 +90,7 @@ def test_missing_input_fails_before_anything_is_created(tmp_path):
 
 
 def test_inputs_are_hashed_and_copied(tmp_path):
-    from draftscope.rundir import InputFile
+    from draftscope.core.rundir import InputFile
 
     src = tmp_path / "p.json"
     src.write_text('{"a": 1}')
@@ -133,7 +133,7 @@ def test_killed_appender_leaves_only_whole_lines(tmp_path):
     path = tmp_path / "records.jsonl"
     code = textwrap.dedent(f"""
         import sys
-        from draftscope.jsonio import JsonlAppender
+        from draftscope.core.jsonio import JsonlAppender
         with JsonlAppender({str(path)!r}) as out:
             i = 0
             while True:

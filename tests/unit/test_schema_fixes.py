@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from draftscope import schema
+from draftscope.core import schema
+from draftscope.core.resources import presets_dir, repo_root
 from draftscope.pipeline.config import PipelineConfig
-from draftscope.resources import presets_dir, repo_root
 
 
 def _load(path: Path) -> Any:
@@ -73,9 +73,21 @@ CONDITIONALS = {
 }
 
 CONSTRAINTS = (
-    "type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern",
-    "format", "enum", "const", "minItems", "maxItems", "uniqueItems",
-)  # fmt: skip
+    "type",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "enum",
+    "const",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+)
 UNSUPPORTED = (
     "not",
     "contains",
@@ -240,8 +252,13 @@ class Place:
     doc: str
 
 
-def _walk(place: Place, parents: tuple[Place, ...], found: list[tuple[Place, tuple[Place, ...], str, Any]],
-          conditionals: set[tuple[str, str, str, Any]], name: str) -> None:  # fmt: skip
+def _walk(
+    place: Place,
+    parents: tuple[Place, ...],
+    found: list[tuple[Place, tuple[Place, ...], str, Any]],
+    conditionals: set[tuple[str, str, str, Any]],
+    name: str,
+) -> None:
     """Collect (place, its parents, rule, breaking value) for every constraint under `place`."""
     inner, doc = _inner(place.node, place.doc)
     assert not set(UNSUPPORTED) & set(inner), f"{place.path}: teach this walk {set(UNSUPPORTED) & set(inner)}"

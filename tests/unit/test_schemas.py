@@ -3,8 +3,8 @@ import json
 import pytest
 from jsonschema import Draft202012Validator
 
-from draftscope import schema
-from draftscope.resources import schemas_dir
+from draftscope.core import schema
+from draftscope.core.resources import schemas_dir
 
 SCHEMA_FILES = sorted(schemas_dir().glob("*.schema.json"))
 REQUIRED = {

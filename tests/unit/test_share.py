@@ -11,11 +11,11 @@ import tarfile
 
 import pytest
 
-from draftscope import schema
-from draftscope.errors import UserError
-from draftscope.plan import CACHE_MOUNT, RUN_MOUNT
-from draftscope.share import TEXT_FIELDS, HostPaths, pack, redact
-from draftscope.validate import validate_run
+from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT
+from draftscope.core import schema
+from draftscope.core.errors import UserError
+from draftscope.ops.share import TEXT_FIELDS, HostPaths, pack, redact
+from draftscope.ops.validate import validate_run
 
 from support import run_invoke, tiny_benchmark
 
@@ -24,8 +24,15 @@ GENERATED = "the ostrich sings in base64"
 
 
 def host():
-    return {"gpus": [], "gpu_source": None, "engines": [], "toolkit": {}, "memory": None, "verdict": ["no GPU"],
-            "disk": {"path": "/home/someone/secret-project"}}  # fmt: skip
+    return {
+        "gpus": [],
+        "gpu_source": None,
+        "engines": [],
+        "toolkit": {},
+        "memory": None,
+        "verdict": ["no GPU"],
+        "disk": {"path": "/home/someone/secret-project"},
+    }
 
 
 def make_run(folder, *, torn=False):
@@ -34,15 +41,24 @@ def make_run(folder, *, torn=False):
     (run / "inputs").mkdir(parents=True)
     (run / "logs").mkdir()
     (run / "head").mkdir()
-    prompts = {"schema_version": 1, "name": "p", "prompts": [
-        {"id": "p1", "messages": [{"role": "user", "content": f"Tell me about {CANARY}."}]}]}  # fmt: skip
+    prompts = {
+        "schema_version": 1,
+        "name": "p",
+        "prompts": [{"id": "p1", "messages": [{"role": "user", "content": f"Tell me about {CANARY}."}]}],
+    }
     (run / "inputs" / "prompts.json").write_text(json.dumps(prompts))
     (run / "logs" / "benchmark.log").write_text(f"generated: {GENERATED}\n")
     (run / "head" / "capture.json").write_text(json.dumps({"calls": [{"next_token": 17}]}))
     (run / ".space-reserve").write_bytes(bytes(16))
-    manifest = {"schema_version": 1, "kind": "benchmark", "run_id": "R1", "status": "completed",
-                "config": {"backend": "transformers", "prompts": "p.json", "repeats": 1},
-                "hardware": {"device": "cpu", "cpu_count": 2}, "kit": {"version": "0.1.0"}}  # fmt: skip
+    manifest = {
+        "schema_version": 1,
+        "kind": "benchmark",
+        "run_id": "R1",
+        "status": "completed",
+        "config": {"backend": "transformers", "prompts": "p.json", "repeats": 1},
+        "hardware": {"device": "cpu", "cpu_count": 2},
+        "kit": {"version": "0.1.0"},
+    }
     (run / "manifest.json").write_text(json.dumps(manifest))
     (run / "summary.json").write_text(json.dumps({"run_id": "R1", "records": 2, "greedy_agreement": True}))
     (run / "worker.json").write_text(json.dumps({"hardware": {"torch_threads": 2}, "phase": "done"}))
@@ -52,10 +68,16 @@ def make_run(folder, *, torn=False):
         "steps": [{"text": GENERATED, "accepted": 2}],
     }
     records = [
-        {"prompt_id": "p1", "repeat": r, "generated_token_ids": [901, 902, 903, 904], "generated_tokens": 4,
-         "request_seconds": 0.5, "extra": extra}
+        {
+            "prompt_id": "p1",
+            "repeat": r,
+            "generated_token_ids": [901, 902, 903, 904],
+            "generated_tokens": 4,
+            "request_seconds": 0.5,
+            "extra": extra,
+        }
         for r in range(2)
-    ]  # fmt: skip
+    ]
     lines = "".join(json.dumps(r) + "\n" for r in records)
     if torn:
         lines += '{"prompt_id": "p1", "generated_text": "' + GENERATED[:9]  # a killed writer's last line
@@ -79,24 +101,74 @@ def make_pathy_run(tmp_path, monkeypatch):
     manifest = json.loads((run / "manifest.json").read_text())
     prompts = f"{home}/data/my prompts.json"  # a space in an argv word
     manifest |= {
-        "command_line": ["invoke", "benchmark", "--prompts", prompts, f"--output={run}", "--cache",
-                         f"{CLUSTER}/{USER}/hf", "--draft", "tiny"],
-        "config": {**manifest["config"], "prompts": prompts},
-        "inputs": [{"name": "prompts", "path": prompts, "sha256": "ab" * 32, "bytes": 10},
-                   {"name": "extra", "path": f"{MOVED}/{USER}/R1/inputs/extra.json", "sha256": "cd" * 32,
-                    "bytes": 3}],
-        "reason": f"could not read {CLUSTER}/{USER}/shared.json: permission denied",
-        "notes": [f"log at {run}/logs/benchmark.log", "decode tok/s stays within 2%", "see https://example.org/a/b"],
-        "steps": [
-            {"name": "benchmark", "log": f"{run}/logs/benchmark.log", "argv": [
-                "docker", "run", "--volume", f"{MOVED}/{USER}/R1:{RUN_MOUNT}:rw",
-                "--volume", f"{home}/.cache/huggingface/hub:{CACHE_MOUNT}:ro", "--env", f"HF_HUB_CACHE={CACHE_MOUNT}",
-                "--env", "HOME=/tmp/home", "--workdir", "/tmp", "localhost/draftscope-transformers:0.1.0",
-                "python", "-m", "draftscope", "worker", "benchmark", "--run-dir", RUN_MOUNT]},
-            {"name": "local", "argv": [f"{home}/venvs/ds/bin/python3", "-m", "draftscope", "worker", "benchmark",
-                                       f"--run-dir={run}", f"--cache={CLUSTER}/{USER}/hf/hub"]},
+        "command_line": [
+            "invoke",
+            "benchmark",
+            "--prompts",
+            prompts,
+            f"--output={run}",
+            "--cache",
+            f"{CLUSTER}/{USER}/hf",
+            "--draft",
+            "tiny",
         ],
-    }  # fmt: skip
+        "config": {**manifest["config"], "prompts": prompts},
+        "inputs": [
+            {"name": "prompts", "path": prompts, "sha256": "ab" * 32, "bytes": 10},
+            {
+                "name": "extra",
+                "path": f"{MOVED}/{USER}/R1/inputs/extra.json",
+                "sha256": "cd" * 32,
+                "bytes": 3,
+            },
+        ],
+        "reason": f"could not read {CLUSTER}/{USER}/shared.json: permission denied",
+        "notes": [
+            f"log at {run}/logs/benchmark.log",
+            "decode tok/s stays within 2%",
+            "see https://example.org/a/b",
+        ],
+        "steps": [
+            {
+                "name": "benchmark",
+                "log": f"{run}/logs/benchmark.log",
+                "argv": [
+                    "docker",
+                    "run",
+                    "--volume",
+                    f"{MOVED}/{USER}/R1:{RUN_MOUNT}:rw",
+                    "--volume",
+                    f"{home}/.cache/huggingface/hub:{CACHE_MOUNT}:ro",
+                    "--env",
+                    f"HF_HUB_CACHE={CACHE_MOUNT}",
+                    "--env",
+                    "HOME=/tmp/home",
+                    "--workdir",
+                    "/tmp",
+                    "localhost/draftscope-transformers:0.1.0",
+                    "python",
+                    "-m",
+                    "draftscope",
+                    "worker",
+                    "benchmark",
+                    "--run-dir",
+                    RUN_MOUNT,
+                ],
+            },
+            {
+                "name": "local",
+                "argv": [
+                    f"{home}/venvs/ds/bin/python3",
+                    "-m",
+                    "draftscope",
+                    "worker",
+                    "benchmark",
+                    f"--run-dir={run}",
+                    f"--cache={CLUSTER}/{USER}/hf/hub",
+                ],
+            },
+        ],
+    }
     (run / "manifest.json").write_text(json.dumps(manifest, indent=2))
     worker = {"hardware": {"torch_threads": 2}, "phase": "done", "cache": f"{home}/.cache/torch/kernels"}
     (run / "worker.json").write_text(json.dumps(worker))
@@ -131,9 +203,19 @@ def test_bundle_has_no_text_by_default_and_checks_out(tmp_path):
     bundle = pack(run, tmp_path / "b.tar.gz", collect=host)
     assert snapshot(run) == before, "packing must not change the run directory"
     files = members(tmp_path / "b.tar.gz")
-    assert sorted(files) == [f"R1/{n}" for n in ("SHA256SUMS", "SHARE.json", "config.json", "hardware.json",
-                                                   "manifest.json", "records.jsonl", "summary.json",
-                                                   "worker.json")]  # fmt: skip
+    assert sorted(files) == [
+        f"R1/{n}"
+        for n in (
+            "SHA256SUMS",
+            "SHARE.json",
+            "config.json",
+            "hardware.json",
+            "manifest.json",
+            "records.jsonl",
+            "summary.json",
+            "worker.json",
+        )
+    ]
     blob = b"\n".join(files.values())
     for needle in (CANARY, GENERATED, GENERATED[:9], "901, 902", "/home/someone"):
         assert needle.encode() not in blob, needle
@@ -142,8 +224,11 @@ def test_bundle_has_no_text_by_default_and_checks_out(tmp_path):
     assert [r["repeat"] for r in records] == [0, 1]
     assert records[0]["extra"] == {"head": {"fallbacks": 1}, "steps": [{"accepted": 2}]}
     share = json.loads(files["R1/SHARE.json"])
-    assert share["records"] == {"kept": 2, "incomplete_lines_left_out": 1,
-                                "fields_removed": ["generated_text", "generated_token_ids", "text"]}  # fmt: skip
+    assert share["records"] == {
+        "kept": 2,
+        "incomplete_lines_left_out": 1,
+        "fields_removed": ["generated_text", "generated_token_ids", "text"],
+    }
     assert share["left_out"] == ["head/capture.json", "inputs/prompts.json", "logs/benchmark.log"]
     assert json.loads(files["R1/config.json"])["backend"] == "transformers"
     hardware = json.loads(files["R1/hardware.json"])
@@ -224,13 +309,32 @@ def test_tiny_run_bundle_holds_no_prompt_or_generated_text(tmp_path):
 
     prompts = tmp_path / "prompts.json"
     texts = [f"Explain the {CANARY} protocol in one sentence.", f"Write a haiku about {CANARY} rivers."]
-    prompts.write_text(json.dumps({"schema_version": 1, "name": "canaries", "prompts": [
-        {"id": f"c{i}", "messages": [{"role": "user", "content": t}]} for i, t in enumerate(texts)]}))  # fmt: skip
+    prompts.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "name": "canaries",
+                "prompts": [
+                    {"id": f"c{i}", "messages": [{"role": "user", "content": t}]} for i, t in enumerate(texts)
+                ],
+            }
+        )
+    )
     run = tmp_path / "run"
     args = [a for a in tiny_benchmark("local") if a != "examples/prompts.json"]
     args[args.index("--prompts") + 1 : args.index("--prompts") + 1] = [str(prompts)]
-    done = run_invoke(*args, "--output", str(run), "--repeats", "1", "--max-new-tokens", "24", "--draft", "tiny",
-                      timeout=600)  # fmt: skip
+    done = run_invoke(
+        *args,
+        "--output",
+        str(run),
+        "--repeats",
+        "1",
+        "--max-new-tokens",
+        "24",
+        "--draft",
+        "tiny",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     done = run_invoke("share", str(run), "--output", str(tmp_path / "b.tar.gz"), timeout=120)
     assert done.returncode == 0, done.stderr
@@ -297,8 +401,17 @@ def test_bundle_holds_no_path_of_the_host(tmp_path, monkeypatch):
         assert needle not in blob, needle
 
     manifest = json.loads(files["R1/manifest.json"])
-    assert manifest["command_line"] == ["invoke", "benchmark", "--prompts", "~/data/my prompts.json",
-                                        "--output=<run>", "--cache", "…/hf", "--draft", "tiny"]  # fmt: skip
+    assert manifest["command_line"] == [
+        "invoke",
+        "benchmark",
+        "--prompts",
+        "~/data/my prompts.json",
+        "--output=<run>",
+        "--cache",
+        "…/hf",
+        "--draft",
+        "tiny",
+    ]
     assert [i["path"] for i in manifest["inputs"]] == ["~/data/my prompts.json", "<run>/inputs/extra.json"]
     assert [i["sha256"] for i in manifest["inputs"]] == ["ab" * 32, "cd" * 32]
     assert (
@@ -307,19 +420,45 @@ def test_bundle_holds_no_path_of_the_host(tmp_path, monkeypatch):
         == "~/data/my prompts.json"
     )
     assert manifest["reason"] == "could not read …/shared.json: permission denied"
-    assert manifest["notes"] == ["log at <run>/logs/benchmark.log", "decode tok/s stays within 2%",
-                                 "see https://example.org/a/b"]  # fmt: skip
+    assert manifest["notes"] == [
+        "log at <run>/logs/benchmark.log",
+        "decode tok/s stays within 2%",
+        "see https://example.org/a/b",
+    ]
     docker, local = manifest["steps"]
     assert docker["log"] == "<run>/logs/benchmark.log"
     # The containers' side is no host's: mount targets, container HOME, workdir and in-container argv are kept.
     assert docker["argv"] == [
-        "docker", "run", "--volume", f"<run>:{RUN_MOUNT}:rw", "--volume", f"~/.cache/huggingface/hub:{CACHE_MOUNT}:ro",
-        "--env", f"HF_HUB_CACHE={CACHE_MOUNT}", "--env", "HOME=/tmp/home", "--workdir", "/tmp",
-        "localhost/draftscope-transformers:0.1.0", "python", "-m", "draftscope", "worker", "benchmark", "--run-dir",
+        "docker",
+        "run",
+        "--volume",
+        f"<run>:{RUN_MOUNT}:rw",
+        "--volume",
+        f"~/.cache/huggingface/hub:{CACHE_MOUNT}:ro",
+        "--env",
+        f"HF_HUB_CACHE={CACHE_MOUNT}",
+        "--env",
+        "HOME=/tmp/home",
+        "--workdir",
+        "/tmp",
+        "localhost/draftscope-transformers:0.1.0",
+        "python",
+        "-m",
+        "draftscope",
+        "worker",
+        "benchmark",
+        "--run-dir",
         RUN_MOUNT,
-    ]  # fmt: skip
-    assert local["argv"] == ["~/venvs/ds/bin/python3", "-m", "draftscope", "worker", "benchmark", "--run-dir=<run>",
-                             "--cache=…/hub"]  # fmt: skip
+    ]
+    assert local["argv"] == [
+        "~/venvs/ds/bin/python3",
+        "-m",
+        "draftscope",
+        "worker",
+        "benchmark",
+        "--run-dir=<run>",
+        "--cache=…/hub",
+    ]
     assert json.loads(files["R1/worker.json"])["cache"] == "~/.cache/torch/kernels"
     assert json.loads(files["R1/summary.json"])["source"] == "<run>/records.jsonl"
     records = [json.loads(line) for line in files["R1/records.jsonl"].splitlines()]
@@ -357,7 +496,11 @@ def test_members_without_paths_keep_their_bytes_and_bundles_repeat(tmp_path, mon
     for name in ("manifest.json", "summary.json", "worker.json"):
         assert first[f"R1/{name}"] == (run / name).read_bytes()
     assert json.loads(first["R1/SHARE.json"])["paths"] | {"rule": None} == {
-        "kept": False, "rewritten": 0, "members": {}, "rule": None}  # fmt: skip
+        "kept": False,
+        "rewritten": 0,
+        "members": {},
+        "rule": None,
+    }
     run2, _ = make_pathy_run(tmp_path / "again", monkeypatch)
     first, second = (members(pack(run2, tmp_path / n, collect=host).output) for n in ("c.tar.gz", "d.tar.gz"))
     assert {n: v for n, v in first.items() if "SHA" not in n} == {
@@ -403,8 +546,17 @@ def test_cli_keep_paths(tmp_path, monkeypatch):
     from support import ROOT
 
     for args, bundle in (([], "b.tar.gz"), (["--keep-paths"], "k.tar.gz")):
-        done = run_invoke("--search-root", str(ROOT), "share", str(run), "--output", bundle, *args, cwd=tmp_path,
-                          env={"HOME": str(home)})  # fmt: skip
+        done = run_invoke(
+            "--search-root",
+            str(ROOT),
+            "share",
+            str(run),
+            "--output",
+            bundle,
+            *args,
+            cwd=tmp_path,
+            env={"HOME": str(home)},
+        )
         assert done.returncode == 0, done.stderr
     assert str(home) not in members(tmp_path / "b.tar.gz")["R1/manifest.json"].decode()
     assert str(home) in members(tmp_path / "k.tar.gz")["R1/manifest.json"].decode()

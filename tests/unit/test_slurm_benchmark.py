@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_json
-from draftscope.presets import load_experiment
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.presets import load_experiment
+from draftscope.execute.slurm import benchmark, node, states
+from draftscope.execute.slurm.options import check_names, executor_flags
 from draftscope.runtime import Outcome
-from draftscope.slurm import benchmark, node, states
-from draftscope.slurm.options import check_names, executor_flags
 
 from support import run_invoke, sbatch_lines, tiny_benchmark
 
@@ -22,14 +22,25 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
 def tiny(**overrides):
-    return load_experiment("transformers-baseline", {"model_preset": "tiny", "device": "cpu", "runtime": "local",
-                                                     "prompts": "examples/prompts.json", **overrides})  # fmt: skip
+    return load_experiment(
+        "transformers-baseline",
+        {
+            "model_preset": "tiny",
+            "device": "cpu",
+            "runtime": "local",
+            "prompts": "examples/prompts.json",
+            **overrides,
+        },
+    )
 
 
 def test_the_dry_run_prints_the_job_script_and_the_sbatch_line_and_creates_nothing(tmp_path):
     output = tmp_path / "runs" / "b1"
-    done = run_invoke(*tiny_benchmark("local", "--output", str(output), "--executor", "slurm", "--partition",
-                                      "debug", "--dry-run"))  # fmt: skip
+    done = run_invoke(
+        *tiny_benchmark(
+            "local", "--output", str(output), "--executor", "slurm", "--partition", "debug", "--dry-run"
+        )
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     folder = f"{output}.slurm"
@@ -50,8 +61,11 @@ def test_a_gpu_benchmark_takes_a_node_and_its_gpus_and_a_limit_when_its_snapshot
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    config = load_experiment("vllm-int4-dflash2", {"revision": None, "model": "org/model", "max_seconds": 1800},
-                             [f"revision={SHA}", "vllm.tensor_parallel_size=2"])  # fmt: skip
+    config = load_experiment(
+        "vllm-int4-dflash2",
+        {"revision": None, "model": "org/model", "max_seconds": 1800},
+        [f"revision={SHA}", "vllm.tensor_parallel_size=2"],
+    )
     flags = {"partition": "gpu", "account": "proj", "qos": "high"}
     bj = benchmark.build(config, Path("/shared/runs/v1"), flags=flags, python=PYTHON)
     found = sbatch_lines(benchmark.render(bj))
@@ -64,8 +78,9 @@ def test_a_gpu_benchmark_takes_a_node_and_its_gpus_and_a_limit_when_its_snapshot
         (tmp_path / "hub" / f"models--{d.repo.replace('/', '--')}" / "snapshots" / d.revision).mkdir(
             parents=True
         )
-    found = sbatch_lines(benchmark.render(benchmark.build(config, Path("/shared/runs/v1"), flags=flags,
-                                                          python=PYTHON)))  # fmt: skip
+    found = sbatch_lines(
+        benchmark.render(benchmark.build(config, Path("/shared/runs/v1"), flags=flags, python=PYTHON))
+    )
     assert found["time"] == "0-00:32:00"  # 1800 s + 120 s
 
 
@@ -133,7 +148,7 @@ def test_a_stop_inside_a_job_is_explained_by_slurm(monkeypatch):
 )
 def test_a_step_in_a_job_is_stopped_before_slurms_own_sigkill(monkeypatch, in_job, kill_wait, grace):
     """Inside a job the kit kills its step MARGIN_S before KillWait runs out, so that its record gets written."""
-    from draftscope.slurm import client
+    from draftscope.execute.slurm import client
 
     monkeypatch.setattr(client, "kill_wait", lambda: kill_wait)
     if in_job:
@@ -147,7 +162,7 @@ def test_a_step_in_a_job_is_stopped_before_slurms_own_sigkill(monkeypatch, in_jo
 def test_kill_wait_is_read_from_scontrol(monkeypatch):
     import subprocess
 
-    from draftscope.slurm import client
+    from draftscope.execute.slurm import client
 
     config = "Configuration data as of 2026-11-30T12:00:00\nJobAcctGatherType       = (null)\nKillWait                = 5 sec\n"
     monkeypatch.setattr(

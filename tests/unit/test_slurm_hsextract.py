@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_json, read_json
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.execute.slurm import jobs, shards
 from draftscope.pipeline import hsextract, registry
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline.config import load_pipeline_config
 from draftscope.pipeline.hsextract_runner import block, client_rows
 from draftscope.runtime import Outcome, get_runtime
-from draftscope.slurm import jobs, shards
 
 from support import HEALTH_SERVER
 
@@ -100,8 +100,11 @@ def test_a_task_of_a_real_preset_gets_its_ports_scratch_ranks_and_files():
             )
             assert flag(client.argv, "--output") == ctx.layout.at("hidden_states")  # the shared folder
             expected = list(local[f"client-{i}"].argv)  # the rest of the argv is the local run's
-            for name, value in (("--endpoint", f"http://127.0.0.1:{server.port}/v1"), ("--world-size", "4"),
-                                ("--rank", str(shard * k + i))):  # fmt: skip
+            for name, value in (
+                ("--endpoint", f"http://127.0.0.1:{server.port}/v1"),
+                ("--world-size", "4"),
+                ("--rank", str(shard * k + i)),
+            ):
                 expected[expected.index(name) + 1] = value
             assert list(client.argv) == expected
     step = shards.shard_step(sp, ctx, 1, 2)
@@ -172,7 +175,7 @@ def test_the_array_and_its_check_job():
     shown = next(line for line in check.splitlines() if "hsextract-check" in line)
     assert "--gpus" not in shown and "--extractor vllm --hidden-size 5120" in shown
     assert "/draftscope/run/hsextract/summary.json" in shown
-    from draftscope.slurm import planfile
+    from draftscope.execute.slurm import planfile
 
     doc = planfile.document(jp, force=False)
     assert doc["stages"]["hsextract"]["kind"] == "shards" and doc["stages"]["hsextract"]["shards"] == 2
@@ -180,7 +183,7 @@ def test_the_array_and_its_check_job():
 
 
 def test_the_node_commands_parse():
-    from draftscope.slurm.__main__ import parser
+    from draftscope.execute.slurm.__main__ import parser
 
     args = parser().parse_args(["check", "--plan", "p", "--stage", "hsextract"])
     assert args.command == "check"
@@ -200,11 +203,22 @@ def tiny(tmp_path):
 
 def task(plan, i, status="completed", written=3):
     shards.outcome_path(plan.workdir, i, "hsextract").parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(shards.outcome_path(plan.workdir, i, "hsextract"), {
-        "shard": i, "shards": 2, "status": status, "reason": None if status == "completed" else "exit 1",
-        "seconds": 4.0 + i, "job_id": f"7_{i}", "array_job_id": "7"})  # fmt: skip
-    atomic_write_json(shards.result_path(plan.workdir, i, "hsextract"), {
-        "counts": {"rows": 3, "written": written, "skipped": 3 - written, "files": 3}})  # fmt: skip
+    atomic_write_json(
+        shards.outcome_path(plan.workdir, i, "hsextract"),
+        {
+            "shard": i,
+            "shards": 2,
+            "status": status,
+            "reason": None if status == "completed" else "exit 1",
+            "seconds": 4.0 + i,
+            "job_id": f"7_{i}",
+            "array_job_id": "7",
+        },
+    )
+    atomic_write_json(
+        shards.result_path(plan.workdir, i, "hsextract"),
+        {"counts": {"rows": 3, "written": written, "skipped": 3 - written, "files": 3}},
+    )
 
 
 def test_the_check_runs_after_every_task_completed_and_folds_their_counts(tiny):
@@ -215,9 +229,18 @@ def test_the_check_runs_after_every_task_completed_and_folds_their_counts(tiny):
 
     def run(step, ctx):
         ran.append(step)
-        atomic_write_json(tiny.workdir / "stages" / "hsextract.result.json", {
-            "schema_version": 1, "stage": "hsextract", "exit_code": 0, "seconds": 0.5, "versions": {"x": "1"},
-            "counts": {"rows": 6, "files": 6}, "notes": []})  # fmt: skip
+        atomic_write_json(
+            tiny.workdir / "stages" / "hsextract.result.json",
+            {
+                "schema_version": 1,
+                "stage": "hsextract",
+                "exit_code": 0,
+                "seconds": 0.5,
+                "versions": {"x": "1"},
+                "counts": {"rows": 6, "files": 6},
+                "notes": [],
+            },
+        )
         return Outcome(step.name, "completed", 0, 0.5, None, None)
 
     outcome = shards.checked_outcome(tiny, sp, get_runtime("local"), 2, "8", run=run)
@@ -233,7 +256,7 @@ def test_the_check_runs_after_every_task_completed_and_folds_their_counts(tiny):
 
 
 def test_a_failed_or_silent_task_fails_the_stage_without_checking(tiny, monkeypatch):
-    from draftscope.slurm import client
+    from draftscope.execute.slurm import client
 
     monkeypatch.setattr(client, "show", lambda job_id: None)  # Slurm no longer knows the array (MinJobAge)
     sp = stage_plan(tiny)
@@ -279,21 +302,34 @@ def test_hsextract_check_names_the_missing_rows(tmp_path, monkeypatch):
             str(out / f"hs_{r}.safetensors"),
         )
     monkeypatch.setattr(H, "dataset_rows", lambda path: 5)
-    args = argparse.Namespace(data="unused", output=str(out), summary=str(tmp_path / "s.json"), layer_ids=[1, 2],
-                              hidden_size=None, extractor="transformers")  # fmt: skip
+    args = argparse.Namespace(
+        data="unused",
+        output=str(out),
+        summary=str(tmp_path / "s.json"),
+        layer_ids=[1, 2],
+        hidden_size=None,
+        extractor="transformers",
+    )
     with pytest.raises(UserError, match=r"1 row\(s\) have no hidden-state file \(rows 3\)"):
         H.check_main(args)
     save_file(
         {"token_ids": torch.arange(2), "hidden_states": torch.zeros(2, 2, 8)}, str(out / "hs_3.safetensors")
     )
     assert H.check_main(args) == {"rows": 5, "files": 5}
-    assert read_json(tmp_path / "s.json") == {"schema_version": 1, "rows": 5, "files": 5, "layer_ids": [1, 2],
-                                              "hidden_size": 8, "extractor": "transformers", "dtype": "float32"}  # fmt: skip
+    assert read_json(tmp_path / "s.json") == {
+        "schema_version": 1,
+        "rows": 5,
+        "files": 5,
+        "layer_ids": [1, 2],
+        "hidden_size": 8,
+        "extractor": "transformers",
+        "dtype": "float32",
+    }
 
 
 def test_a_task_of_a_complete_stage_starts_nothing(tmp_path, monkeypatch):
     """A resubmission for an earlier stage submits hsextract again; its tasks skip as the check job will."""
-    from draftscope.slurm import node, planfile
+    from draftscope.execute.slurm import node, planfile
 
     slurm = {"stages": {"hsextract": {"shards": 2}}}
     plan, jp = build(
@@ -333,19 +369,50 @@ def test_the_runner_of_a_task_checks_its_clients_blocks_only(tmp_path, monkeypat
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     out = tmp_path / "hidden_states"
-    commands = [{"name": "server-0", "argv": [sys.executable, "-c", HEALTH_SERVER, str(port)], "env": {},
-                 "gpus": [0], "port": port}]  # fmt: skip
+    commands = [
+        {
+            "name": "server-0",
+            "argv": [sys.executable, "-c", HEALTH_SERVER, str(port)],
+            "env": {},
+            "gpus": [0],
+            "port": port,
+        }
+    ]
     for i, rank in enumerate((2, 3)):
-        commands.append({"name": f"client-{i}", "env": {}, "gpus": [], "port": None,
-                         "argv": [sys.executable, "-c", BLOCK_CLIENT, "10", str(out), "--world-size", "4",
-                                  "--rank", str(rank)]})  # fmt: skip
+        commands.append(
+            {
+                "name": f"client-{i}",
+                "env": {},
+                "gpus": [],
+                "port": None,
+                "argv": [
+                    sys.executable,
+                    "-c",
+                    BLOCK_CLIENT,
+                    "10",
+                    str(out),
+                    "--world-size",
+                    "4",
+                    "--rank",
+                    str(rank),
+                ],
+            }
+        )
     path = tmp_path / "stages" / "hsextract.shard-1.commands.json"
     path.parent.mkdir()
     path.write_text(json.dumps({"schema_version": 1, "commands": commands}))
     monkeypatch.setattr(H, "dataset_rows", lambda data: 10)
     summary = tmp_path / "hsextract" / "shards" / "1" / "summary.json"
-    args = argparse.Namespace(commands=str(path), data="unused", output=str(out), summary=str(summary),
-                              layer_ids=[1, 2], hidden_size=8, startup_timeout=30.0, logs=str(tmp_path / "logs"))  # fmt: skip
+    args = argparse.Namespace(
+        commands=str(path),
+        data="unused",
+        output=str(out),
+        summary=str(summary),
+        layer_ids=[1, 2],
+        hidden_size=8,
+        startup_timeout=30.0,
+        logs=str(tmp_path / "logs"),
+    )
     assert H.main(args) == {"rows": 4, "files": 4}  # rows 6-9: blocks 2 and 3 of 4 over 10 rows
     assert sorted(p.name for p in out.iterdir()) == [f"hs_{r}.safetensors" for r in (6, 7, 8, 9)]
     assert read_json(summary)["rows"] == 4 and read_json(summary)["files"] == 4

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import read_json
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
+from draftscope.execute.slurm import jobs, planfile, shards
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
 from draftscope.runtime import Context, get_runtime
-from draftscope.slurm import jobs, planfile, shards
 
 from support import sbatch_lines
 
 INVOKE_PIPELINE = (
-    "from invoke import Collection, Program; from draftscope.cli_pipeline import PIPELINE_TASKS; "
+    "from invoke import Collection, Program; from draftscope.cli.pipeline import PIPELINE_TASKS; "
     "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
 )
 PYTHON = "/opt/kit/bin/python"
@@ -45,10 +45,17 @@ def build(preset="qwen38-27b", stage="all", runtime="docker", opts=(), workdir="
 def test_one_job_per_stage_in_order_with_arrays_for_regen_and_hsextract():
     jp = build(slurm={"nodes": 2})
     assert [(j.key, j.kind) for j in jp.jobs] == [
-        ("regen", "shards"), ("regen.merge", "merge"), ("pretokenize", "step"), ("prepare", "step"),
-        ("hsextract", "shards"), ("hsextract.check", "check"), ("train", "torchrun"), ("convert", "step"),
-        ("serve", "step"), ("bench", "step"),
-    ]  # fmt: skip
+        ("regen", "shards"),
+        ("regen.merge", "merge"),
+        ("pretokenize", "step"),
+        ("prepare", "step"),
+        ("hsextract", "shards"),
+        ("hsextract.check", "check"),
+        ("train", "torchrun"),
+        ("convert", "step"),
+        ("serve", "step"),
+        ("bench", "step"),
+    ]
     deps = {j.key: (j.after_ok, j.after_any) for j in jp.jobs}
     assert deps["regen"] == ((), ())
     assert deps["regen.merge"] == ((), ("regen",))  # runs however the shards ended, to record it
@@ -82,11 +89,17 @@ def test_gpu_steps_take_whole_nodes_and_cpu_steps_one_cpu():
 
 def test_time_limits_and_per_stage_overrides():
     jp = build(
-        opts=["time_limits.hsextract=3600", "slurm.stages.train.time_limit_s=86400",
-              "slurm.stages.train.partition=long", "slurm.stages.train.nodes=4", "slurm.stages.prepare.mem=64G",
-              "slurm.stages.prepare.cpus_per_task=16", "slurm.stages.regen.shards=3"],
+        opts=[
+            "time_limits.hsextract=3600",
+            "slurm.stages.train.time_limit_s=86400",
+            "slurm.stages.train.partition=long",
+            "slurm.stages.train.nodes=4",
+            "slurm.stages.prepare.mem=64G",
+            "slurm.stages.prepare.cpus_per_task=16",
+            "slurm.stages.regen.shards=3",
+        ],
         slurm={"partition": "gpu"},
-    )  # fmt: skip
+    )
     hs = sbatch_lines(jobs.render(jp, jp.job("hsextract")))
     assert hs["time"] == "0-01:01:00"  # the stage's own limit + a minute: the runtime stops it first
     train = sbatch_lines(jobs.render(jp, jp.job("train")))
@@ -114,8 +127,10 @@ def test_training_across_nodes_is_srun_and_torchrun_with_a_rendezvous():
     assert 'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --gres=gpu:8 --kill-on-bad-exit=1' in script
     assert '--rdzv-endpoint "$head_node:29500" &' in script
     shown = next(line for line in script.splitlines() if "speculators.train" in line)
-    assert ("torchrun --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID --rdzv-backend c10d "
-            "--rdzv-endpoint $head_node:29500 --rdzv-id $SLURM_JOB_ID --nproc_per_node 8 -m speculators.train") in shown  # fmt: skip
+    assert (
+        "torchrun --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID --rdzv-backend c10d "
+        "--rdzv-endpoint $head_node:29500 --rdzv-id $SLURM_JOB_ID --nproc_per_node 8 -m speculators.train"
+    ) in shown
     assert (
         "--standalone" not in shown and "--network host" in shown
     )  # NCCL and the rendezvous talk between nodes
@@ -137,9 +152,29 @@ def test_torchrun_argv_replaces_only_the_standalone_launch():
         "1",
     )
     out = jobs.torchrun_argv(argv, nnodes="2", node_rank="1", endpoint="n1:29500", rdzv_id="7")
-    assert out == ("python", "-m", "x", "--", "torchrun", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend",
-                   "c10d", "--rdzv-endpoint", "n1:29500", "--rdzv-id", "7", "--nproc_per_node", "8", "-m", "t",
-                   "--a", "1")  # fmt: skip
+    assert out == (
+        "python",
+        "-m",
+        "x",
+        "--",
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "n1:29500",
+        "--rdzv-id",
+        "7",
+        "--nproc_per_node",
+        "8",
+        "-m",
+        "t",
+        "--a",
+        "1",
+    )
     with pytest.raises(UserError, match="no 'torchrun --standalone'"):
         jobs.torchrun_argv(("python", "-m", "t"), nnodes="2", node_rank="0", endpoint="h:1", rdzv_id="1")
 
@@ -167,7 +202,7 @@ def test_job_scripts_trap_sigterm_and_remove_the_container():
     jp = build(slurm={"nodes": 2})
     script = jobs.render(jp, jp.job("regen"))
     assert script.startswith("#!/bin/bash\n")
-    assert f"kit=({PYTHON} -m draftscope.slurm)" in script
+    assert f"kit=({PYTHON} -m draftscope.execute.slurm)" in script
     assert 'args=(--plan /tmp/w/slurm/plan.json --stage regen --shard "$SLURM_ARRAY_TASK_ID")' in script
     assert '"${kit[@]}" cleanup "${args[@]}"' in script and "trap on_term TERM" in script
     assert script.index("trap on_term TERM") < script.index(
@@ -223,12 +258,21 @@ def test_a_shard_runs_the_stage_argv_with_its_own_rows_files_and_ports():
 
 
 def test_a_job_rebuilds_the_submitted_plan_and_refuses_another(tmp_path):
-    jp = build("tiny", stage="regen,pretokenize", runtime="local", workdir=str(tmp_path / "w"),
-               opts=["slurm.stages.regen.shards=2", "data.max_rows=5"])  # fmt: skip
+    jp = build(
+        "tiny",
+        stage="regen,pretokenize",
+        runtime="local",
+        workdir=str(tmp_path / "w"),
+        opts=["slurm.stages.regen.shards=2", "data.max_rows=5"],
+    )
     path = planfile.write(jp, force=False)
     doc = read_json(path)
-    assert doc["stages"]["regen"] == {"kind": "shards", "shards": 2, "nodes": 1,
-                                      "argv": list(jp.plan.stages[0].step.argv)}  # fmt: skip
+    assert doc["stages"]["regen"] == {
+        "kind": "shards",
+        "shards": 2,
+        "nodes": 1,
+        "argv": list(jp.plan.stages[0].step.argv),
+    }
     loaded = planfile.load(path)
     assert [sp.step.argv for sp in loaded.plan.stages] == [sp.step.argv for sp in jp.plan.stages]
     assert loaded.plan.config == jp.plan.config and loaded.runtime.name == "local"
@@ -262,8 +306,15 @@ def test_bad_slurm_settings_are_one_line_errors(opt, message):
 
 def run_task(*args, cwd, extra_env=None, timeout=60):
     env = {**os.environ, **(extra_env or {})}
-    return subprocess.run([sys.executable, "-c", INVOKE_PIPELINE, "pipeline", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_imports_no_torch(tmp_path):
@@ -277,8 +328,19 @@ def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_i
     # An empty hub cache, so that the target's download is planned as the first job on any machine.
     env = {"PYTHONPATH": str(tripwire), "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
     started = time.monotonic()
-    result = run_task("--stage", "all", "--executor", "slurm", "--nodes", "2", "--partition", "gpu", "--dry-run",
-                      cwd=cwd, extra_env=env)  # fmt: skip
+    result = run_task(
+        "--stage",
+        "all",
+        "--executor",
+        "slurm",
+        "--nodes",
+        "2",
+        "--partition",
+        "gpu",
+        "--dry-run",
+        cwd=cwd,
+        extra_env=env,
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -287,8 +349,19 @@ def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_i
     assert "srun --nodes=" in out and "torchrun --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID" in out
     submitted = [line for line in out.splitlines() if "=$(sbatch --parsable" in line]
     names = [line.split("=", 1)[0] for line in submitted]
-    assert names == ["fetch", "regen", "regen_merge", "pretokenize", "prepare", "hsextract", "hsextract_check",
-                     "train", "convert", "serve", "bench"]  # fmt: skip
+    assert names == [
+        "fetch",
+        "regen",
+        "regen_merge",
+        "pretokenize",
+        "prepare",
+        "hsextract",
+        "hsextract_check",
+        "train",
+        "convert",
+        "serve",
+        "bench",
+    ]
     assert "--dependency" not in submitted[0]
     assert "--dependency=afterok:$fetch --kill-on-invalid-dep=yes" in submitted[1]
     assert "--dependency=afterany:$regen --kill-on-invalid-dep=yes" in submitted[2]
@@ -312,7 +385,7 @@ def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_i
 
 
 def test_dry_run_in_process_is_well_under_a_second():
-    from draftscope.slurm import executor
+    from draftscope.execute.slurm import executor
 
     resolved = load_pipeline_config(preset="qwen38-27b", overrides={"slurm": {"nodes": 4}})
     started = time.monotonic()
@@ -340,8 +413,18 @@ def test_flag_errors_are_one_line(tmp_path):
 def test_without_sbatch_a_submission_says_how_to_get_it(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
-    result = run_task("--preset", "tiny", "--stage", "pretokenize", "--executor", "slurm", "--workdir",
-                      str(tmp_path / "w"), cwd=tmp_path, extra_env={"PATH": str(empty)})  # fmt: skip
+    result = run_task(
+        "--preset",
+        "tiny",
+        "--stage",
+        "pretokenize",
+        "--executor",
+        "slurm",
+        "--workdir",
+        str(tmp_path / "w"),
+        cwd=tmp_path,
+        extra_env={"PATH": str(empty)},
+    )
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
     assert "'sbatch' is not on PATH" in result.stderr and "apt-get install slurm-client" in result.stderr
     assert not (tmp_path / "w").exists()

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.errors import UserError
-from draftscope.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.core.schema import problems
+from draftscope.execute.slurm import shards
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
 from draftscope.pipeline.regen_client import Row, shard_rows
-from draftscope.schema import problems
-from draftscope.slurm import shards
 
 ROWS = 7
 
@@ -67,21 +67,52 @@ def write_shard(plan, i, n, *, error_ids=(), drop=(), status="completed", outcom
                     {"id": row.id, "instance": 0, "status": 500, "attempts": 6, "error": "HTTP 500"}
                 )
             else:
-                ok.append({"id": row.id, "messages": [{"role": "assistant", "content": f"a-{row.id}"}],
-                           "regen": {"instance": 0, "attempts": 1}})  # fmt: skip
-    atomic_write_json(folder / "summary.json", {
-        "schema_version": 1, "input": len(rows), "ok": len(rows) - len(error_ids), "errors": len(error_ids),
-        "missing": [], "instances": [{"index": 0, "url": f"http://127.0.0.1:{8100 + i}", "rows": len(rows)}],
-        "sampling": {"model": "target", "max_tokens": 64, "temperature": 0.0, "seed": 0}})  # fmt: skip
-    atomic_write_json(shards.result_path(plan.workdir, i), {
-        "schema_version": 1, "stage": "regen", "exit_code": 0, "seconds": 1.0, "versions": {"torch": "x"},
-        "counts": {"ok": len(rows), "retries": 2, "resumed": 1}, "notes": []})  # fmt: skip
+                ok.append(
+                    {
+                        "id": row.id,
+                        "messages": [{"role": "assistant", "content": f"a-{row.id}"}],
+                        "regen": {"instance": 0, "attempts": 1},
+                    }
+                )
+    atomic_write_json(
+        folder / "summary.json",
+        {
+            "schema_version": 1,
+            "input": len(rows),
+            "ok": len(rows) - len(error_ids),
+            "errors": len(error_ids),
+            "missing": [],
+            "instances": [{"index": 0, "url": f"http://127.0.0.1:{8100 + i}", "rows": len(rows)}],
+            "sampling": {"model": "target", "max_tokens": 64, "temperature": 0.0, "seed": 0},
+        },
+    )
+    atomic_write_json(
+        shards.result_path(plan.workdir, i),
+        {
+            "schema_version": 1,
+            "stage": "regen",
+            "exit_code": 0,
+            "seconds": 1.0,
+            "versions": {"torch": "x"},
+            "counts": {"ok": len(rows), "retries": 2, "resumed": 1},
+            "notes": [],
+        },
+    )
     if outcome:
         path = shards.outcome_path(plan.workdir, i)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"shard": i, "shards": n, "status": status, "seconds": 3.0 + i,
-                                 "reason": None if status == "completed" else "job 9_1 reached its limit",
-                                 "job_id": f"9_{i}", "array_job_id": "9"})  # fmt: skip
+        atomic_write_json(
+            path,
+            {
+                "shard": i,
+                "shards": n,
+                "status": status,
+                "seconds": 3.0 + i,
+                "reason": None if status == "completed" else "job 9_1 reached its limit",
+                "job_id": f"9_{i}",
+                "array_job_id": "9",
+            },
+        )
 
 
 def test_the_merge_writes_the_stage_outputs_in_input_order(run):
@@ -123,7 +154,7 @@ def test_a_shard_that_did_not_complete_fails_the_stage_with_its_reason(run):
 
 
 def test_a_shard_killed_before_it_recorded_fails_the_stage(run, monkeypatch):
-    from draftscope.slurm import client
+    from draftscope.execute.slurm import client
 
     monkeypatch.setattr(client, "show", lambda job_id: None)  # Slurm no longer knows the array (MinJobAge)
     write_shard(run, 0, 2)
@@ -136,7 +167,7 @@ def test_a_shard_killed_before_it_recorded_fails_the_stage(run, monkeypatch):
 def test_a_shard_killed_after_it_started_is_explained_by_slurms_record_of_its_task(run, monkeypatch):
     """Slurm's SIGKILL (KillWait after its SIGTERM) can beat the task's own record: the `running` record it wrote
     before its step started names the array, and the merge job asks Slurm how each such task ended."""
-    from draftscope.slurm import client, states
+    from draftscope.execute.slurm import client, states
 
     write_shard(run, 0, 2, status="running")
     write_shard(run, 1, 2, outcome=False)  # cancelled while still pending: no record at all
@@ -144,8 +175,10 @@ def test_a_shard_killed_after_it_started_is_explained_by_slurms_record_of_its_ta
 
     def show(job_id):
         asked.append(job_id)
-        return [states.JobState(f"9_{i}", "CANCELLED", exit_code="0:15", array_job_id="9", array_task=str(i))
-                for i in (0, 1)]  # fmt: skip
+        return [
+            states.JobState(f"9_{i}", "CANCELLED", exit_code="0:15", array_job_id="9", array_task=str(i))
+            for i in (0, 1)
+        ]
 
     monkeypatch.setattr(client, "show", show)
     outcome = shards.merged_outcome(run, run.stages[0], 2, "10")
@@ -171,12 +204,22 @@ def test_task_indices_read_every_form_of_array_task_id():
 def test_an_array_cancelled_before_any_task_started_is_named_from_the_ledger(run, monkeypatch):
     """No task wrote anything: the ledger's submission that holds this merge job names the array, and Slurm's
     record of its still-pending range says what happened to every task."""
-    from draftscope.slurm import client, states
+    from draftscope.execute.slurm import client, states
 
-    ledger = {"schema_version": 1, "submissions": [
-        {"jobs": [{"key": "regen", "stage": "regen", "kind": "shards", "job_id": "7"}]},  # an earlier submission
-        {"jobs": [{"key": "regen", "stage": "regen", "kind": "shards", "job_id": "9"},
-                  {"key": "regen.merge", "stage": "regen", "kind": "merge", "job_id": "10"}]}]}  # fmt: skip
+    ledger = {
+        "schema_version": 1,
+        "submissions": [
+            {
+                "jobs": [{"key": "regen", "stage": "regen", "kind": "shards", "job_id": "7"}]
+            },  # an earlier submission
+            {
+                "jobs": [
+                    {"key": "regen", "stage": "regen", "kind": "shards", "job_id": "9"},
+                    {"key": "regen.merge", "stage": "regen", "kind": "merge", "job_id": "10"},
+                ]
+            },
+        ],
+    }
     (run.workdir / "slurm").mkdir(parents=True)
     atomic_write_json(run.workdir / "slurm" / "jobs.json", ledger)
     asked = []
@@ -204,7 +247,7 @@ def test_an_array_cancelled_before_any_task_started_is_named_from_the_ledger(run
 
 
 def test_finished_shards_are_not_asked_about(run, monkeypatch):
-    from draftscope.slurm import client
+    from draftscope.execute.slurm import client
 
     monkeypatch.setattr(client, "show", lambda job_id: pytest.fail("asked Slurm"))
     write_shard(run, 0, 2)
@@ -237,20 +280,28 @@ def test_the_paths_of_a_shard_are_its_own(tmp_path: Path):
         shards.commands_path(tmp_path, 1),
         shards.result_path(tmp_path, 1),
     }
-    others = {shards.output_dir(tmp_path, 2), shards.outcome_path(tmp_path, 2), shards.commands_path(tmp_path, 2),
-              shards.result_path(tmp_path, 2)}  # fmt: skip
+    others = {
+        shards.output_dir(tmp_path, 2),
+        shards.outcome_path(tmp_path, 2),
+        shards.commands_path(tmp_path, 2),
+        shards.result_path(tmp_path, 2),
+    }
     assert len(paths | others) == 8
 
 
 def test_the_merge_job_records_the_shards_image_without_a_container_engine(tmp_path, monkeypatch):
     """A merge job's node may have no engine: the record's image facts are those the shards read where they ran,
     and its command is the stage's own (so a resubmission skips it)."""
+    from draftscope.execute.slurm import jobs, node, planfile
     from draftscope.runtime import get_runtime
-    from draftscope.slurm import jobs, node, planfile
 
     chat = tmp_path / "chat.jsonl"
-    chat.write_text("".join(json.dumps({"id": f"c{k}", "messages": [{"role": "user", "content": "q"}]}) + "\n"
-                            for k in range(ROWS)))  # fmt: skip
+    chat.write_text(
+        "".join(
+            json.dumps({"id": f"c{k}", "messages": [{"role": "user", "content": "q"}]}) + "\n"
+            for k in range(ROWS)
+        )
+    )
     resolved = load_pipeline_config(preset="tiny", opts=[f"data.chat={chat}", "slurm.stages.regen.shards=2"])
     plan = planning.build(resolved, registry.select("regen"), tmp_path / "w", "podman")
     jp = jobs.build(plan, get_runtime("podman"), python="python")

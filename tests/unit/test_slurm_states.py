@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftscope.slurm import states
-from draftscope.slurm.states import JobState, parse_show_job, stop_cause, summarize
+from draftscope.execute.slurm import states
+from draftscope.execute.slurm.states import JobState, parse_show_job, stop_cause, summarize
 
 RUNNING = (
     "JobId=2 JobName=job.sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901758 Nice=0 Account=(null) "

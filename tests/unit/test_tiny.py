@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from draftscope import tiny
-from draftscope.errors import UserError
-from draftscope.presets import load_model_preset
+from draftscope.core.errors import UserError
+from draftscope.core.presets import load_model_preset
 from draftscope.tiny.corpus import EXCLUDED_DIRS, load_corpus
 from draftscope.tiny.models import DRAFT, MAX_POSITIONS, TARGET
 from draftscope.tiny.preset_file import write_kit_model
@@ -125,7 +125,7 @@ def test_check_task_verifies_and_loads(capsys):
     pytest.importorskip("torch")
     from invoke import Context
 
-    from draftscope.cli_tiny import build, ns_tiny
+    from draftscope.cli.tiny import build, ns_tiny
 
     assert ns_tiny.name == "tiny" and "build" in ns_tiny.task_names
     build(Context(), check=True)
@@ -134,7 +134,7 @@ def test_check_task_verifies_and_loads(capsys):
 
 
 def test_importing_the_package_does_not_import_torch():
-    code = "import sys, draftscope.tiny, draftscope.cli_tiny; assert 'torch' not in sys.modules"
+    code = "import sys, draftscope.tiny, draftscope.cli.tiny; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

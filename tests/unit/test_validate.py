@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from draftscope.rundir import RunDir
-from draftscope.validate import validate_run
+from draftscope.core.rundir import RunDir
+from draftscope.ops.validate import validate_run
 
 SHA = "a" * 64
 
@@ -126,7 +126,7 @@ def test_partial_run_without_summary_is_valid(tmp_path):
 
 
 def test_tampered_input_copy_is_detected(tmp_path):
-    from draftscope.rundir import InputFile
+    from draftscope.core.rundir import InputFile
 
     src = tmp_path / "prompts.json"
     src.write_text("{}")
@@ -139,12 +139,30 @@ def test_tampered_input_copy_is_detected(tmp_path):
 
 # --- Slurm files: the ledger beside a submitted benchmark run, an array task's outcome -------------------------------
 
-JOB = {"key": "benchmark", "stage": "benchmark", "kind": "benchmark", "job_id": "12", "array": None,
-       "dependency": None, "log": "slurm-benchmark-12.out", "status": "interrupted",
-       "reason": "job 12 was cancelled (scancel) (exit code 143, on n1)",
-       "tasks": [{"job_id": "12", "state": "CANCELLED", "reason": "None", "exit_code": "0:15", "nodes": "n1"}]}  # fmt: skip
-LEDGER = {"schema_version": 1, "submissions": [{"submitted_at": "2026-11-30T12:00:00Z", "command_line": ["invoke"],
-                                                "runtime": "local", "python": "python3", "jobs": [JOB]}]}  # fmt: skip
+JOB = {
+    "key": "benchmark",
+    "stage": "benchmark",
+    "kind": "benchmark",
+    "job_id": "12",
+    "array": None,
+    "dependency": None,
+    "log": "slurm-benchmark-12.out",
+    "status": "interrupted",
+    "reason": "job 12 was cancelled (scancel) (exit code 143, on n1)",
+    "tasks": [{"job_id": "12", "state": "CANCELLED", "reason": "None", "exit_code": "0:15", "nodes": "n1"}],
+}
+LEDGER = {
+    "schema_version": 1,
+    "submissions": [
+        {
+            "submitted_at": "2026-11-30T12:00:00Z",
+            "command_line": ["invoke"],
+            "runtime": "local",
+            "python": "python3",
+            "jobs": [JOB],
+        }
+    ],
+}
 
 
 def test_the_ledger_beside_a_submitted_run_is_validated(completed_run):
@@ -163,11 +181,15 @@ def test_the_ledger_beside_a_submitted_run_is_validated(completed_run):
 
 @pytest.mark.parametrize(
     ("change", "path"),
-    [({"kind": "container"}, "kind"), ({"status": "running"}, "status"), ({"dependency": "after:12"}, "dependency"),
-     ({"tasks": [{**JOB["tasks"][0], "exit_code": "143"}]}, "tasks[0].exit_code")],
-)  # fmt: skip
+    [
+        ({"kind": "container"}, "kind"),
+        ({"status": "running"}, "status"),
+        ({"dependency": "after:12"}, "dependency"),
+        ({"tasks": [{**JOB["tasks"][0], "exit_code": "143"}]}, "tasks[0].exit_code"),
+    ],
+)
 def test_the_ledger_schema_refuses_what_the_kit_never_writes(change, path):
-    from draftscope import schema
+    from draftscope.core import schema
 
     bad = {**LEDGER, "submissions": [{**LEDGER["submissions"][0], "jobs": [{**JOB, **change}]}]}
     assert schema.problems(LEDGER, "slurm-jobs") == []
@@ -175,18 +197,38 @@ def test_the_ledger_schema_refuses_what_the_kit_never_writes(change, path):
 
 
 def test_an_array_tasks_outcome_is_checked_before_it_is_written(tmp_path, monkeypatch):
-    from draftscope.errors import UserError
-    from draftscope.jsonio import read_json
-    from draftscope.slurm import node, shards
+    from draftscope.core.errors import UserError
+    from draftscope.core.jsonio import read_json
+    from draftscope.execute.slurm import node, shards
 
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "9")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
-    node._record_shard(tmp_path, "regen", 1, 2, status="running", reason=None, seconds=0.0, exit_code=None,
-                       image=None, started_at="2026-11-30T12:00:00Z")  # fmt: skip
+    node._record_shard(
+        tmp_path,
+        "regen",
+        1,
+        2,
+        status="running",
+        reason=None,
+        seconds=0.0,
+        exit_code=None,
+        image=None,
+        started_at="2026-11-30T12:00:00Z",
+    )
     written = read_json(shards.outcome_path(tmp_path, 1))
     assert written["status"] == "running" and written["job_id"] == "9_1" and written["array_job_id"] == "9"
     assert written["finished_at"] is None
     with pytest.raises(UserError, match=r"\$\.status: 'stopped' is not allowed; fix: use one of 'running'"):
-        node._record_shard(tmp_path, "regen", 1, 2, status="stopped", reason=None, seconds=1.0, exit_code=0,
-                           image=None, started_at="2026-11-30T12:00:00Z")  # fmt: skip
+        node._record_shard(
+            tmp_path,
+            "regen",
+            1,
+            2,
+            status="stopped",
+            reason=None,
+            seconds=1.0,
+            exit_code=0,
+            image=None,
+            started_at="2026-11-30T12:00:00Z",
+        )
     assert read_json(shards.outcome_path(tmp_path, 1))["status"] == "running"  # the valid record stays

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftscope import presets as P
 from draftscope.bench.backends import vllm as V
-from draftscope.errors import UserError
+from draftscope.core import presets as P
+from draftscope.core.errors import UserError
 
 INT4_PIN = "0123456789abcdef0123456789abcdef01234567"  # stands in for a checked commit of the INT4 checkpoint
 DFLASH2 = "z-lab/Qwen3.8-27B-DFlash2"

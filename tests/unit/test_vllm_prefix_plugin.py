@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from draftscope.errors import UserError  # noqa: E402
+from draftscope.core.errors import UserError  # noqa: E402
 from draftscope.head import serving, vllm_plugin, vllm_switch  # noqa: E402
 from draftscope.head.certify import certify as real_certify  # noqa: E402
 from draftscope.head.policy import verify_tokens  # noqa: E402
@@ -39,9 +39,15 @@ from draftscope.head.quant import QuantizedHead, coarse  # noqa: E402
 
 VOCAB, PADDED, HIDDEN = 600, 640, 64
 H200 = serving.DeviceFacts(
-    cuda=True, name="fake H200", capability=(9, 0), bf16=True, toolkit="13.0",
-    arch_list=("sm_80", "sm_90", "compute_90"), free_bytes=100 << 30, total_bytes=141 << 30,
-)  # fmt: skip
+    cuda=True,
+    name="fake H200",
+    capability=(9, 0),
+    bf16=True,
+    toolkit="13.0",
+    arch_list=("sm_80", "sm_90", "compute_90"),
+    free_bytes=100 << 30,
+    total_bytes=141 << 30,
+)
 
 
 def fake(kind: str, **values):
@@ -102,9 +108,11 @@ def vllm_fakes(*, use_v2: bool = True):
             self.head_dtype = None
 
         def forward(self, lm_head, hidden_states, embedding_bias=None, skip_gather=False):
-            logits = hidden_states if self.logits_as_input else self._get_logits(
-                hidden_states, lm_head, embedding_bias, skip_gather
-            )  # fmt: skip
+            logits = (
+                hidden_states
+                if self.logits_as_input
+                else self._get_logits(hidden_states, lm_head, embedding_bias, skip_gather)
+            )
             if self.soft_cap is not None:
                 logits = torch.tanh(logits / self.soft_cap) * self.soft_cap
             if self.scale != 1.0:
@@ -189,8 +197,18 @@ def aligned(weight: torch.Tensor, tokens: list[int]) -> torch.Tensor:
 class Engine:
     """One vLLM worker process in miniature: plugin loaded, model built, runner wrapped."""
 
-    def __init__(self, monkeypatch, tmp_path, *, env=None, use_v2=True, device=H200, model_kwargs=None,
-                 processor_kwargs=None, seed=0):  # fmt: skip
+    def __init__(
+        self,
+        monkeypatch,
+        tmp_path,
+        *,
+        env=None,
+        use_v2=True,
+        device=H200,
+        model_kwargs=None,
+        processor_kwargs=None,
+        seed=0,
+    ):
         self.status_path = tmp_path / "prefix_head.json"
         monkeypatch.setattr(vllm_plugin, "_PLUGIN", None)
         monkeypatch.setattr(serving, "probe_device", lambda hidden: device)
@@ -215,20 +233,34 @@ class Engine:
         self.needs_processing = np.zeros(8, dtype=bool)
         self.num_logprobs = np.full(8, -1, dtype=np.int32)
         self.num_token_ids = np.zeros(8, dtype=np.int32)
-        sampler = Sampler(**vars(fake(
-            "sampler",
-            sampling_states=fake("states", temperature=Uva(self.temperature), num_logprobs=self.num_logprobs),
-            needs_logits_processing=self.needs_processing,
-            logprob_token_ids_state=fake("token_ids_state", num_token_ids=Uva(self.num_token_ids)),
-            trace_replay_state=None,
-            return_sampling_mask=False,
-        )))  # fmt: skip
-        self.runner = self.fakes.Runner(**vars(fake(
-            "runner", model=self.model, sampler=sampler, rejection_sampler=RejectionSampler(), batch_sharder=None,
-            model_state=fake("model_state", num_new_sampled_tokens_per_step=1),
-            speculative_config=fake("spec", rejection_sample_method="standard"),
-            vllm_config=self.fakes.config,
-        )))  # fmt: skip
+        sampler = Sampler(
+            **vars(
+                fake(
+                    "sampler",
+                    sampling_states=fake(
+                        "states", temperature=Uva(self.temperature), num_logprobs=self.num_logprobs
+                    ),
+                    needs_logits_processing=self.needs_processing,
+                    logprob_token_ids_state=fake("token_ids_state", num_token_ids=Uva(self.num_token_ids)),
+                    trace_replay_state=None,
+                    return_sampling_mask=False,
+                )
+            )
+        )
+        self.runner = self.fakes.Runner(
+            **vars(
+                fake(
+                    "runner",
+                    model=self.model,
+                    sampler=sampler,
+                    rejection_sampler=RejectionSampler(),
+                    batch_sharder=None,
+                    model_state=fake("model_state", num_new_sampled_tokens_per_step=1),
+                    speculative_config=fake("spec", rejection_sample_method="standard"),
+                    vllm_config=self.fakes.config,
+                )
+            )
+        )
 
     def profile(self, rows: int = 4):
         """vLLM's profiling run: the first call of the target's head (activation happens here)."""
@@ -246,10 +278,14 @@ class Engine:
             req_ids.append(f"req-{i}")
         n = len(input_ids)
         batch = fake(
-            "batch", num_reqs=len(requests), req_ids=req_ids, idx_mapping_np=np.arange(len(requests)),
-            input_ids=torch.tensor(input_ids), logits_indices=torch.arange(n),
+            "batch",
+            num_reqs=len(requests),
+            req_ids=req_ids,
+            idx_mapping_np=np.arange(len(requests)),
+            input_ids=torch.tensor(input_ids),
+            logits_indices=torch.arange(n),
             expanded_local_pos=torch.tensor(local_pos, dtype=torch.int32),
-        )  # fmt: skip
+        )
         grammar = fake("grammar", structured_output_request_ids=list(grammar_ids)) if grammar_ids else None
         h = torch.cat(hidden)
         out = self.runner.sample(h, batch, grammar)
@@ -331,8 +367,13 @@ def test_activation_builds_the_head_and_passes_the_startup_check(monkeypatch, tm
     check = status["startup_check"]
     assert check["disagreements"] == 0 and check["certified"] > 0 and check["rows"] == 64
     assert status["memory"]["added_bytes"] == VOCAB * HIDDEN + 5 * 4 * VOCAB  # int8 copy + five fp32 tables
-    assert status["head"] == {"vocab": VOCAB, "hidden": HIDDEN, "groups": 1, "group_size": HIDDEN,
-                              "dtype": "bfloat16"}  # fmt: skip
+    assert status["head"] == {
+        "vocab": VOCAB,
+        "hidden": HIDDEN,
+        "groups": 1,
+        "group_size": HIDDEN,
+        "dtype": "bfloat16",
+    }
     assert status["device"]["capability"] == [9, 0]
     assert engine.plugin.head.weight.data_ptr() == engine.model.lm_head.weight.data_ptr()  # no dense copy
 
@@ -356,8 +397,9 @@ def test_a_missing_prerequisite_records_the_reason_and_keeps_the_stock_head(
     monkeypatch, tmp_path, device, processor_kwargs, model_kwargs, expected
 ):
     facts = serving.DeviceFacts(**{**vars(H200), **device})
-    engine = Engine(monkeypatch, tmp_path, device=facts, processor_kwargs=processor_kwargs,
-                    model_kwargs=model_kwargs)  # fmt: skip
+    engine = Engine(
+        monkeypatch, tmp_path, device=facts, processor_kwargs=processor_kwargs, model_kwargs=model_kwargs
+    )
     for key, value in processor_kwargs.items():
         setattr(engine.stock.logits_processor, key, value)
     engine.profile()
@@ -396,8 +438,13 @@ def test_engine_features_that_change_sampling_keep_the_stock_head(
 def test_the_startup_check_refuses_a_broken_certify(monkeypatch, tmp_path):
     def broken(head, hidden, draft, **kwargs):
         cert = real_certify(head, hidden, draft, **kwargs)
-        return type(cert)(**{**vars(cert), "tokens": (cert.tokens + 1) % head.vocab,
-                             "certified": torch.ones_like(cert.certified)})  # fmt: skip
+        return type(cert)(
+            **{
+                **vars(cert),
+                "tokens": (cert.tokens + 1) % head.vocab,
+                "certified": torch.ones_like(cert.certified),
+            }
+        )
 
     monkeypatch.setattr(serving, "certify", broken)
     engine = Engine(monkeypatch, tmp_path)
@@ -557,9 +604,11 @@ def test_counters_are_read_every_n_steps_and_at_shutdown(monkeypatch, tmp_path):
 
 def test_layout_maps_rows_to_requests_and_draft_tokens():
     batch = SimpleNamespace(
-        num_reqs=3, input_ids=torch.tensor([7, 1, 2, 8, 9, 3, 0]), logits_indices=torch.tensor([0, 1, 2, 3, 4, 5]),
+        num_reqs=3,
+        input_ids=torch.tensor([7, 1, 2, 8, 9, 3, 0]),
+        logits_indices=torch.tensor([0, 1, 2, 3, 4, 5]),
         expanded_local_pos=torch.tensor([0, 1, 2, 0, 0, 1], dtype=torch.int32),
-    )  # fmt: skip
+    )
     plan = vllm_plugin.layout(batch, 6, torch.device("cpu"))
     assert plan.request.tolist() == [0, 0, 0, 1, 2, 2]
     assert plan.draft.tolist() == [1, 2, -1, -1, 3, -1]

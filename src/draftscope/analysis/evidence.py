@@ -29,13 +29,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftscope import schema as schemas
-from draftscope.config import load_yaml
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_text, read_json, sha256_file
-from draftscope.resources import repo_root
-from draftscope.rundir import FINAL, MANIFEST
-from draftscope.validate import validate_run
+from draftscope.core import schema as schemas
+from draftscope.core.config import load_yaml
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_text, read_json, sha256_file
+from draftscope.core.resources import repo_root
+from draftscope.core.rundir import FINAL, MANIFEST
+from draftscope.ops.validate import validate_run
 
 SUMS = "SHA256SUMS"
 NOT_SUMMED = frozenset({SUMS, "README.md"})  # top-level files that are documentation, not evidence

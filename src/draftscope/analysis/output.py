@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 
 
 def refuse_existing(path: Path, flag: str) -> None:

@@ -19,7 +19,7 @@ from rich.table import Table
 from draftscope.analysis import figures
 from draftscope.analysis.load import Run
 from draftscope.analysis.output import make_new_dir, write_new
-from draftscope.provenance import kit_info, now
+from draftscope.core.provenance import kit_info, now
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 FIELDS = (

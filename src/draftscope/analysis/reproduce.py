@@ -13,14 +13,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from draftscope import schema as schemas
 from draftscope.analysis.compare import compare_runs, write_comparison
 from draftscope.analysis.load import Run, load_run
 from draftscope.analysis.output import refuse_existing
-from draftscope.config import build
-from draftscope.errors import UserError
-from draftscope.jsonio import sha256_file
-from draftscope.presets import ExperimentConfig
+from draftscope.core import schema as schemas
+from draftscope.core.config import build
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import sha256_file
+from draftscope.core.presets import ExperimentConfig
 
 LOCAL_NOTE = "image checks skipped: the local runtime runs in this Python environment, not in an image"
 IDENTITY = ("reference", "id", "repo_digests")
@@ -67,7 +67,7 @@ def config_of(path: Path, manifest: Mapping[str, Any]) -> ExperimentConfig:
 
 def image_checks(run: Run, config: ExperimentConfig, output: Path, *, allow_drift: bool) -> dict[str, Any]:
     """Compare the recorded image of each step with what the engine has now."""
-    from draftscope.plan import plan_benchmark
+    from draftscope.bench.plan import plan_benchmark
     from draftscope.runtime import ContainerRuntime, get_runtime
 
     runtime = get_runtime(config.runtime)

@@ -172,7 +172,7 @@ def admission(
 
 def parse_threshold(text: str | float) -> float:
     """'1%' → 0.01; a bare number below 1 is a fraction (0.01); anything else is refused, naming the fix."""
-    from draftscope.errors import UserError
+    from draftscope.core.errors import UserError
 
     raw = str(text).strip()
     try:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftscope.errors import MissingDependency
+from draftscope.core.errors import MissingDependency
 
 try:
     import torch

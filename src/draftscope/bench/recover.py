@@ -26,10 +26,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
-from draftscope.jsonio import repair_tail
-from draftscope.provenance import now
-from draftscope.rundir import FINAL, RECORDS, RunDir, Supervision, liveness
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import repair_tail
+from draftscope.core.provenance import now
+from draftscope.core.rundir import FINAL, RECORDS, RunDir, Supervision, liveness
 from draftscope.runtime import Outcome
 
 Printer = Callable[[str], None]
@@ -191,8 +191,8 @@ def _close(
     run: RunDir, manifest: Mapping[str, Any], info: Mapping[str, Any], left: list[str], cut: int
 ) -> dict[str, Any]:
     from draftscope.analysis.reproduce import config_of
+    from draftscope.bench.plan import plan_benchmark
     from draftscope.bench.supervisor import finish
-    from draftscope.plan import plan_benchmark
 
     plan = plan_benchmark(config_of(run.path, manifest), str(run.path))
     steps = [dict(s) for s in manifest.get("steps", [])]

@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from draftscope.jsonio import iter_jsonl
-from draftscope.rundir import RECORDS
+from draftscope.core.jsonio import iter_jsonl
+from draftscope.core.rundir import RECORDS
 
 
 def stat(values: Iterable[float | int | None]) -> dict[str, float] | None:

@@ -18,14 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from draftscope.bench.plan import Plan, plan_benchmark
 from draftscope.bench.summary import read_records, summarize
 from draftscope.bench.worker import FAILPOINT
-from draftscope.config import to_dict
-from draftscope.errors import UserError
-from draftscope.jsonio import read_json
-from draftscope.plan import Plan, plan_benchmark
-from draftscope.presets import ExperimentConfig
-from draftscope.rundir import RECORDS, SUMMARY, InputFile, RunDir
+from draftscope.core.config import to_dict
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
+from draftscope.core.presets import ExperimentConfig
+from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
 from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime, get_runtime
 from draftscope.runtime.base import interrupted_reason, sigterm_interrupts
 
@@ -56,7 +56,7 @@ def dry_run_lines(plan: Plan, runtime: Runtime, output: Path) -> list[str]:
 
 
 def _join(argv: list[str]) -> str:
-    from draftscope.provenance import shell_join
+    from draftscope.core.provenance import shell_join
 
     return shell_join(argv)
 
@@ -66,7 +66,7 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
     (the Slurm executor's submitting host, which may have neither): the images and the GPU are left to the
     supervisor in the job, which runs this preflight again on its node."""
     if plan.experiment.backend == "vllm":
-        from draftscope.platforms import require_linux
+        from draftscope.core.platforms import require_linux
 
         require_linux("vllm", field="--backend")
     for download in plan.downloads:
@@ -88,7 +88,7 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
 def require_nvidia_gpu() -> None:
     """A GPU step run in this environment (`--runtime local`) needs an NVIDIA GPU here; without one it is refused
     before a run directory exists. (Through a container engine, the engine's own refusal is the run's failure.)"""
-    from draftscope import doctor
+    from draftscope.ops import doctor
 
     if doctor.nvidia_gpus_present():
         return

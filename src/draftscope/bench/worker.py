@@ -18,11 +18,11 @@ from typing import Any
 
 from draftscope.bench.backends import backend_class
 from draftscope.bench.backends.common import decode_tok_s, prompt_sha256
-from draftscope.config import build
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_json, read_json, sha256_file
-from draftscope.presets import ExperimentConfig, load_model_preset
-from draftscope.rundir import RunDir
+from draftscope.core.config import build
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json, read_json, sha256_file
+from draftscope.core.presets import ExperimentConfig, load_model_preset
+from draftscope.core.rundir import RunDir
 
 WORKER_FACTS = "worker.json"
 # Fault injection for the reliability and container tests: `after-records:N:exit:CODE` ends the worker with CODE
@@ -53,7 +53,7 @@ def hardware(device: str, backend: str) -> dict[str, Any]:
     facts["torch_threads"] = torch.get_num_threads()
     if device == "cuda" and backend == "vllm":
         # Not through torch: after vLLM claimed its memory share, a CUDA context here would cost hundreds of MB.
-        from draftscope.doctor import gpus_from_nvml
+        from draftscope.ops.doctor import gpus_from_nvml
 
         gpus = gpus_from_nvml() or []
         facts["gpu"] = [g.as_dict() for g in gpus] or None
@@ -67,7 +67,7 @@ def hardware(device: str, backend: str) -> dict[str, Any]:
             "cuda": torch.version.cuda,
         }
         try:
-            from draftscope.doctor import gpus_from_nvml
+            from draftscope.ops.doctor import gpus_from_nvml
 
             gpus = gpus_from_nvml()
             if gpus:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import MissingDependency, UserError
+from draftscope.core.errors import MissingDependency, UserError
 
 log = logging.getLogger("draftscope.head.bench")
 
@@ -88,8 +88,12 @@ def parse_list(
 # --- the INT8 head, built in chunks -------------------------------------------------------------------------
 
 
-def build_chunked(weight: Any, group_size: int | None = None, chunk_rows: int = CHUNK_ROWS,
-                  progress: Callable[[int, int], None] | None = None) -> Any:  # fmt: skip
+def build_chunked(
+    weight: Any,
+    group_size: int | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+    progress: Callable[[int, int], None] | None = None,
+) -> Any:
     """`QuantizedHead.build` with this benchmark's chunk size and a progress callback."""
     from draftscope.head.quant import QuantizedHead
 
@@ -298,8 +302,9 @@ def measure(device: str, head: Any, weight: Any, rows: int, repeats: int, seed: 
     }
 
 
-def summarize(vocab: int, rows: int, hidden: int, head: Any, timing: dict[str, Any],
-              fallback: Sequence[float]) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    vocab: int, rows: int, hidden: int, head: Any, timing: dict[str, Any], fallback: Sequence[float]
+) -> dict[str, Any]:
     """Ratios, expected cost at each fallback rate, and the bytes-moved floor, from measured medians."""
     med = timing["median_ms"]
     dense_bytes = 2 * vocab * hidden
@@ -336,8 +341,11 @@ def table(results: Sequence[dict[str, Any]], fallback: Sequence[float], device: 
     """One row per (vocab, rows): phase medians in ms, then ratios to the dense head, then the bytes floor."""
     from rich.table import Table
 
-    t = Table(title=f"head-bench on {device}: dense bf16 head vs certified path (coarse INT8 + bounds + top-K + "
-              "refine); times in ms, medians", title_justify="left")  # fmt: skip
+    t = Table(
+        title=f"head-bench on {device}: dense bf16 head vs certified path (coarse INT8 + bounds + top-K + "
+        "refine); times in ms, medians",
+        title_justify="left",
+    )
     rates = [p for p in fallback if p != 0]  # p = 0 is the path/dense column
     cols = ["vocab", "rows", "dense", "coarse", "bounds", "top-K", "refine", "path", "path/dense"]
     cols += [f"+{p:g}·dense" for p in rates] + ["GB dense→cert.", "bytes ratio", "floor", "coarse impl"]
@@ -347,18 +355,24 @@ def table(results: Sequence[dict[str, Any]], fallback: Sequence[float], device: 
         m = r["median_ms"]
         bounds = f"{m['bounds']:.1f}" if "bounds" in m else "fused"
         t.add_row(
-            str(r["vocab"]), str(r["rows"]),
-            *(f"{m[k]:.1f}" for k in ("dense", "coarse")), bounds, *(f"{m[k]:.1f}" for k in ("topk", "refine", "path")),
-            f"{r['ratio']:.2f}×", *(f"{r['expected_ratio'][f'{p:g}']:.2f}×" for p in rates),
+            str(r["vocab"]),
+            str(r["rows"]),
+            *(f"{m[k]:.1f}" for k in ("dense", "coarse")),
+            bounds,
+            *(f"{m[k]:.1f}" for k in ("topk", "refine", "path")),
+            f"{r['ratio']:.2f}×",
+            *(f"{r['expected_ratio'][f'{p:g}']:.2f}×" for p in rates),
             f"{r['bytes']['dense'] / 1e9:.2f}→{r['bytes']['certified'] / 1e9:.2f}",
-            f"{r['floor_ratio']:.2f}×", f"{r['floor_ms']['certified']:.1f}", r["impl"]["coarse"],
-        )  # fmt: skip
+            f"{r['floor_ratio']:.2f}×",
+            f"{r['floor_ms']['certified']:.1f}",
+            r["impl"]["coarse"],
+        )
     return t
 
 
 def validate_report(report: dict[str, Any]) -> None:
     """The report against schemas/head-bench.schema.json; a failure is a bug in this module, not user input."""
-    from draftscope.schema import problems
+    from draftscope.core.schema import problems
 
     found = problems(report, "head-bench")
     if found:
@@ -414,14 +428,17 @@ def _gpu_info(torch: Any) -> dict[str, Any]:
         "clocks_sm_max_mhz": None,
     }
     try:
-        from draftscope.doctor import gpus_from_nvidia_smi, gpus_from_nvml
+        from draftscope.ops.doctor import gpus_from_nvidia_smi, gpus_from_nvml
 
         found = gpus_from_nvml() or gpus_from_nvidia_smi()
     except Exception:  # the driver's facts are a nice-to-have; torch gave the essentials
         found = None
     if found:
-        gpu.update(driver=found[0].driver_version, driver_cuda=found[0].cuda_version,
-                   clocks_sm_max_mhz=found[0].clocks_sm_max_mhz)  # fmt: skip
+        gpu.update(
+            driver=found[0].driver_version,
+            driver_cuda=found[0].cuda_version,
+            clocks_sm_max_mhz=found[0].clocks_sm_max_mhz,
+        )
     return gpu
 
 
@@ -470,13 +487,25 @@ def _check_memory(device: str, vocab: int, hidden: int) -> None:
         except (OSError, StopIteration):
             return
         if need > avail:
-            raise UserError(f"needs ~{need / 2**30:.1f} GiB of memory, {avail / 2**30:.1f} GiB available",
-                            field="vocab", value=vocab, fix="run fewer or smaller vocabularies")  # fmt: skip
+            raise UserError(
+                f"needs ~{need / 2**30:.1f} GiB of memory, {avail / 2**30:.1f} GiB available",
+                field="vocab",
+                value=vocab,
+                fix="run fewer or smaller vocabularies",
+            )
 
 
-def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidden: int = 5120,
-         rows: str | Sequence[int] = "1,8,16", fallback: str | Sequence[float] = "0,0.1,0.45", repeats: int = 3,
-         output: str | Path | None = None, *, quiet: bool = False) -> dict[str, Any]:  # fmt: skip
+def main(
+    device: str = "cpu",
+    vocab: str | Sequence[int] = "151936,248320",
+    hidden: int = 5120,
+    rows: str | Sequence[int] = "1,8,16",
+    fallback: str | Sequence[float] = "0,0.1,0.45",
+    repeats: int = 3,
+    output: str | Path | None = None,
+    *,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """Run the benchmark, print the table, write `output` (JSON) when given; returns the report."""
     if device not in ("cpu", "cuda"):
         raise UserError("unknown device", field="device", value=device, fix="use cpu or cuda")
@@ -489,8 +518,12 @@ def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidd
         raise UserError("must be at least 1", field="repeats", value=repeats)
     out_path = Path(output) if output else None
     if out_path is not None and not out_path.parent.is_dir():
-        raise UserError("the output's folder does not exist", field="output", value=str(output),
-                        fix="create the folder first")  # fmt: skip
+        raise UserError(
+            "the output's folder does not exist",
+            field="output",
+            value=str(output),
+            fix="create the folder first",
+        )
     torch = _torch()
     if device == "cuda":
         if not torch.cuda.is_available():
@@ -503,8 +536,8 @@ def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidd
         # The dense reference's settings (HEAD.md): no reduced-precision bf16 reduction.
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     _check_memory(device, max(vocabs), int(hidden))
-    from draftscope.provenance import command_line, kit_info, now
-    from draftscope.render import console
+    from draftscope.cli.render import console
+    from draftscope.core.provenance import command_line, kit_info, now
 
     con = console()
     say = (lambda *_: None) if quiet else con.print
@@ -534,13 +567,17 @@ def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidd
         f"random weights, seed {SEED}; K = {K}; per-row INT8 scales",
     ]
     if device == "cpu":
-        notes.append("CPU coarse: the faster of torch._weight_int8pack_mm and bf16 tile-dequantize per shape "
-                     "(candidates_ms); both round c to bf16, covered by an extra |c|·2^-8 in U")  # fmt: skip
+        notes.append(
+            "CPU coarse: the faster of torch._weight_int8pack_mm and bf16 tile-dequantize per shape "
+            "(candidates_ms); both round c to bf16, covered by an extra |c|·2^-8 in U"
+        )
     machine = _device_info(device, load_start)
     if device == "cpu":
         load = machine["load_average"]
-        notes.append(f"shared CPU: 1-minute load average {load['start']} before the heads were built, "
-                     f"{load['end']} at the end, on {machine['affinity']} usable CPU(s)")  # fmt: skip
+        notes.append(
+            f"shared CPU: 1-minute load average {load['start']} before the heads were built, "
+            f"{load['end']} at the end, on {machine['affinity']} usable CPU(s)"
+        )
     report = {
         "schema_version": SCHEMA_VERSION,
         "kind": "head-bench",
@@ -569,7 +606,7 @@ def main(device: str = "cpu", vocab: str | Sequence[int] = "151936,248320", hidd
         for note in notes:
             con.print(f"  note: {note}")
     if out_path is not None:
-        from draftscope.jsonio import atomic_write_json
+        from draftscope.core.jsonio import atomic_write_json
 
         atomic_write_json(out_path, report)
         say(f"  wrote {out_path}")

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_json, read_json
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json, read_json
 
 FOLDER = "head"
 TENSORS = "capture.safetensors"
@@ -32,14 +32,27 @@ def write_capture(run_dir: Path | str, capture: Any, dtype: torch.dtype) -> Path
         tensors[f"hidden.{i}"] = call["hidden"].contiguous()
         tensors[f"draft.{i}"] = call["draft"].to(torch.int64).contiguous()
         tensors[f"dense.{i}"] = call["dense_tokens"].to(torch.int64).contiguous()
-        calls.append({"index": i, "rows": int(call["hidden"].shape[0]), "accepted": int(call["accepted"]),
-                      "next_token": int(call["next_token"])})  # fmt: skip
+        calls.append(
+            {
+                "index": i,
+                "rows": int(call["hidden"].shape[0]),
+                "accepted": int(call["accepted"]),
+                "next_token": int(call["next_token"]),
+            }
+        )
     partial = folder / (TENSORS + ".partial")
     save_file(tensors, str(partial))
     partial.replace(folder / TENSORS)
     hidden_size = int(capture.calls[0]["hidden"].shape[1]) if capture.calls else 0
-    atomic_write_json(folder / INDEX, {"schema_version": 1, "dtype": str(dtype).removeprefix("torch."),
-                                       "hidden_size": hidden_size, "calls": calls})  # fmt: skip
+    atomic_write_json(
+        folder / INDEX,
+        {
+            "schema_version": 1,
+            "dtype": str(dtype).removeprefix("torch."),
+            "hidden_size": hidden_size,
+            "calls": calls,
+        },
+    )
     return folder
 
 
@@ -59,6 +72,12 @@ def read_capture(run_dir: Path | str) -> tuple[dict[str, Any], list[dict[str, An
     calls = []
     for entry in index["calls"]:
         i = entry["index"]
-        calls.append({**entry, "hidden": tensors[f"hidden.{i}"], "draft": tensors[f"draft.{i}"],
-                      "dense_tokens": tensors[f"dense.{i}"]})  # fmt: skip
+        calls.append(
+            {
+                **entry,
+                "hidden": tensors[f"hidden.{i}"],
+                "draft": tensors[f"draft.{i}"],
+                "dense_tokens": tensors[f"dense.{i}"],
+            }
+        )
     return index, calls

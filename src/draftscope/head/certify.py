@@ -52,8 +52,9 @@ def _torch_topk(upper: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     return found.values, found.indices
 
 
-def candidates(upper: torch.Tensor, draft: torch.Tensor, k: int, topk: TopK = _torch_topk
-               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def candidates(
+    upper: torch.Tensor, draft: torch.Tensor, k: int, topk: TopK = _torch_topk
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(candidate ids [N, m], valid mask [N, m]): top-(K+2) by U plus the draft token (unless already in)."""
     vocab = upper.shape[1]
     top = min(k + 2, vocab)
@@ -78,9 +79,17 @@ def refine(
     return f, a
 
 
-def certify(head: QuantizedHead, hidden: torch.Tensor, draft: torch.Tensor, *, k: int = DEFAULT_K,
-            out_dtype: torch.dtype = torch.bfloat16, bounds: Coarse | None = None, topk: TopK | None = None,
-            refine_fn: Refine | None = None) -> Certificate:  # fmt: skip
+def certify(
+    head: QuantizedHead,
+    hidden: torch.Tensor,
+    draft: torch.Tensor,
+    *,
+    k: int = DEFAULT_K,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bounds: Coarse | None = None,
+    topk: TopK | None = None,
+    refine_fn: Refine | None = None,
+) -> Certificate:
     """Certify the dense argmax of every row of `hidden [N, D]`; `draft [N]` holds each row's draft token or -1.
     `bounds`, `topk` and `refine_fn` replace the reference stages (e.g. with the Triton kernels)."""
     d = hidden.shape[1]

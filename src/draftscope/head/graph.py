@@ -64,8 +64,14 @@ class _CapturedHead(abc.ABC):
 
     predicated = False
 
-    def __init__(self, weight: torch.Tensor, *, k: int = DEFAULT_K, group_size: int | None = None,
-                 max_requests: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        *,
+        k: int = DEFAULT_K,
+        group_size: int | None = None,
+        max_requests: int = 16,
+    ) -> None:
         if weight.device.type != "cuda":
             raise ValueError("the device-side head needs the weight on a CUDA device")
         self.weight = weight
@@ -118,8 +124,9 @@ class _CapturedHead(abc.ABC):
     def _dense_eager(self, g: _Graph) -> None:
         g.tokens.copy_((g.hidden @ self.weight.T).argmax(dim=-1))
 
-    def __call__(self, hidden: torch.Tensor, draft: torch.Tensor, request: torch.Tensor, requests: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def __call__(
+        self, hidden: torch.Tensor, draft: torch.Tensor, request: torch.Tensor, requests: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [N], need_dense) for N rows of `requests` requests; both stay on the device."""
         n = hidden.shape[0]
         if requests > self.max_requests:

@@ -25,8 +25,19 @@ INDEX_SENTINEL = 2**31 - 1
 if triton is not None:
 
     @triton.jit
-    def _dense_blocks(h_ptr, w_ptr, flag_ptr, max_ptr, idx_ptr, V, D, NB,
-                      BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_BF16: tl.constexpr):  # fmt: skip
+    def _dense_blocks(
+        h_ptr,
+        w_ptr,
+        flag_ptr,
+        max_ptr,
+        idx_ptr,
+        V,
+        D,
+        NB,
+        BLOCK_V: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+    ):
         row = tl.program_id(0)
         block = tl.program_id(1)
         flag = tl.load(flag_ptr)
@@ -36,8 +47,11 @@ if triton is not None:
             for d0 in range(0, D, BLOCK_D):
                 offs_d = d0 + tl.arange(0, BLOCK_D)
                 h = tl.load(h_ptr + row * D + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + offs_v[:, None] * D + offs_d[None, :],
-                            mask=(offs_v[:, None] < V) & (offs_d[None, :] < D), other=0.0).to(tl.float32)  # fmt: skip
+                w = tl.load(
+                    w_ptr + offs_v[:, None] * D + offs_d[None, :],
+                    mask=(offs_v[:, None] < V) & (offs_d[None, :] < D),
+                    other=0.0,
+                ).to(tl.float32)
                 acc += tl.sum(w * h[None, :], axis=1)
             if ROUND_BF16:
                 acc = acc.to(tl.bfloat16).to(tl.float32)
@@ -59,12 +73,13 @@ if triton is not None:
             tl.store(out_ptr + row, tl.min(tl.where(values == best, indices, SENTINEL), axis=0).to(tl.int64))
 
 
-def predicated_dense_argmax(hidden: torch.Tensor, weight: torch.Tensor, flag: torch.Tensor,
-                            out: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def predicated_dense_argmax(
+    hidden: torch.Tensor, weight: torch.Tensor, flag: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
     """When `flag` (0-dim bool, on the device) is set, write argmax(round(hidden @ weight.T)) per row into `out`
     (long [N]); otherwise leave `out` as it is. No host synchronisation."""
     if triton is None:
-        from draftscope.errors import MissingDependency
+        from draftscope.core.errors import MissingDependency
 
         raise MissingDependency("triton", extra="dev", image="vllm")
     n, d = hidden.shape
@@ -72,9 +87,20 @@ def predicated_dense_argmax(hidden: torch.Tensor, weight: torch.Tensor, flag: to
     blocks = triton.cdiv(vocab, BLOCK_V)
     maxima = torch.empty(n, blocks, dtype=torch.float32, device=hidden.device)
     indices = torch.empty(n, blocks, dtype=torch.int32, device=hidden.device)
-    _dense_blocks[(n, blocks)](hidden.contiguous(), weight.contiguous(), flag, maxima, indices, vocab, d, blocks,
-                               BLOCK_V=BLOCK_V, BLOCK_D=BLOCK_D,
-                               ROUND_BF16=weight.dtype == torch.bfloat16)  # fmt: skip
-    _dense_reduce[(n,)](maxima, indices, flag, out, blocks, BLOCK_B=triton.next_power_of_2(blocks),
-                        SENTINEL=INDEX_SENTINEL)  # fmt: skip
+    _dense_blocks[(n, blocks)](
+        hidden.contiguous(),
+        weight.contiguous(),
+        flag,
+        maxima,
+        indices,
+        vocab,
+        d,
+        blocks,
+        BLOCK_V=BLOCK_V,
+        BLOCK_D=BLOCK_D,
+        ROUND_BF16=weight.dtype == torch.bfloat16,
+    )
+    _dense_reduce[(n,)](
+        maxima, indices, flag, out, blocks, BLOCK_B=triton.next_power_of_2(blocks), SENTINEL=INDEX_SENTINEL
+    )
     return out

@@ -25,8 +25,14 @@ class Decision:
     trigger: torch.Tensor  # long [R]: the row (index into N) that made the request need the dense head, or -1
 
 
-def prefix_decision(certified: torch.Tensor, tokens: torch.Tensor, draft: torch.Tensor, request: torch.Tensor,
-                    eligible: torch.Tensor | None = None, requests: int | None = None) -> Decision:  # fmt: skip
+def prefix_decision(
+    certified: torch.Tensor,
+    tokens: torch.Tensor,
+    draft: torch.Tensor,
+    request: torch.Tensor,
+    eligible: torch.Tensor | None = None,
+    requests: int | None = None,
+) -> Decision:
     """The prefix rule over rows [N] of R requests (`request[i]` ∈ 0..R-1, non-decreasing). Pass `requests` (R)
     to keep it free of host synchronisation."""
     n = certified.shape[0]
@@ -52,8 +58,12 @@ def prefix_decision(certified: torch.Tensor, tokens: torch.Tensor, draft: torch.
     return Decision(request_dense.any(), request_dense, relevant, trigger)
 
 
-def rowwise_decision(certified: torch.Tensor, request: torch.Tensor, eligible: torch.Tensor | None = None,
-                     requests: int | None = None) -> Decision:  # fmt: skip
+def rowwise_decision(
+    certified: torch.Tensor,
+    request: torch.Tensor,
+    eligible: torch.Tensor | None = None,
+    requests: int | None = None,
+) -> Decision:
     """The row-wise rule: any uncertified row of a request needs the dense head."""
     n = certified.shape[0]
     requests = requests if requests is not None else (int(request.max().item()) + 1 if n else 0)

@@ -61,8 +61,14 @@ class QuantizedHead:
         )
 
     @classmethod
-    def build(cls, weight: torch.Tensor, group_size: int | None = None, *, chunk_rows: int = 4096,
-              progress: Callable[[int, int], None] | None = None) -> QuantizedHead:  # fmt: skip
+    def build(
+        cls,
+        weight: torch.Tensor,
+        group_size: int | None = None,
+        *,
+        chunk_rows: int = 4096,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> QuantizedHead:
         """Quantize `weight [V, D]`; `group_size` None (or D) means one scale per row; D must be a multiple of it.
         Rows are independent, so the work goes `chunk_rows` rows at a time through one reused float64 buffer (the
         whole head in float64 would be ~10 GB at V = 248320, D = 5120); the result does not depend on the chunk."""
@@ -75,8 +81,10 @@ class QuantizedHead:
         groups = hidden // g
         dev = weight.device
         q = torch.empty(vocab, hidden, dtype=torch.int8, device=dev)
-        tables = {name: torch.empty(vocab, groups, dtype=torch.float32, device=dev)
-                  for name in ("scales", "err_l2", "err_linf", "w_linf", "q_linf")}  # fmt: skip
+        tables = {
+            name: torch.empty(vocab, groups, dtype=torch.float32, device=dev)
+            for name in ("scales", "err_l2", "err_linf", "w_linf", "q_linf")
+        }
         chunk_rows = max(1, chunk_rows)
         buf = torch.empty(min(chunk_rows, vocab), groups, g, dtype=torch.float64, device=dev)
         pad = 1 + PAD
@@ -115,10 +123,15 @@ class QuantizedHead:
         """The head of vocabulary rows [start, stop) (views): rows are quantized independently, so this equals
         building it from `weight[start:stop]`."""
         return QuantizedHead(
-            weight=self.weight[start:stop], q=self.q[start:stop], scales=self.scales[start:stop],
-            group_size=self.group_size, err_l2=self.err_l2[start:stop], err_linf=self.err_linf[start:stop],
-            w_linf=self.w_linf[start:stop], q_linf=self.q_linf[start:stop],
-        )  # fmt: skip
+            weight=self.weight[start:stop],
+            q=self.q[start:stop],
+            scales=self.scales[start:stop],
+            group_size=self.group_size,
+            err_l2=self.err_l2[start:stop],
+            err_linf=self.err_linf[start:stop],
+            w_linf=self.w_linf[start:stop],
+            q_linf=self.q_linf[start:stop],
+        )
 
 
 @dataclass(frozen=True)

@@ -81,9 +81,15 @@ class Capture:
         if len(self.calls) >= self.limit:
             return
         accepted, token = verify_tokens(dense.tolist(), draft.tolist())
-        self.calls.append({"hidden": hidden.detach().cpu().clone(), "draft": draft.detach().cpu().clone(),
-                           "dense_tokens": dense.detach().cpu().clone(), "accepted": accepted,
-                           "next_token": token})  # fmt: skip
+        self.calls.append(
+            {
+                "hidden": hidden.detach().cpu().clone(),
+                "draft": draft.detach().cpu().clone(),
+                "dense_tokens": dense.detach().cpu().clone(),
+                "accepted": accepted,
+                "next_token": token,
+            }
+        )
 
 
 class CertifiedHead:
@@ -91,9 +97,18 @@ class CertifiedHead:
 
     needs_hidden = True
 
-    def __init__(self, weight: torch.Tensor, *, policy: str = "prefix", k: int = DEFAULT_K,
-                 group_size: int | None = None, out_dtype: torch.dtype | None = None, shadow: bool = False,
-                 read_every: int = 16, capture: Capture | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        *,
+        policy: str = "prefix",
+        k: int = DEFAULT_K,
+        group_size: int | None = None,
+        out_dtype: torch.dtype | None = None,
+        shadow: bool = False,
+        read_every: int = 16,
+        capture: Capture | None = None,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown head policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.policy = policy
@@ -126,12 +141,16 @@ class CertifiedHead:
         need = prefix.need_dense if self.policy == "prefix" else rowwise.need_dense
         self.seconds["certify"] += time.perf_counter() - started
         self.counters.add(
-            calls=1, rows=n, certified=cert.certified.sum(),
+            calls=1,
+            rows=n,
+            certified=cert.certified.sum(),
             uncertified_relevant=(prefix.relevant & ~cert.certified).sum(),
             uncertified_irrelevant=(~prefix.relevant & ~cert.certified).sum(),
-            dense_calls=need.to(torch.int64), dense_calls_rowwise=rowwise.need_dense.to(torch.int64),
-            dense_calls_prefix=prefix.need_dense.to(torch.int64), ties=(cert.ties * cert.certified).sum(),
-        )  # fmt: skip
+            dense_calls=need.to(torch.int64),
+            dense_calls_rowwise=rowwise.need_dense.to(torch.int64),
+            dense_calls_prefix=prefix.need_dense.to(torch.int64),
+            ties=(cert.ties * cert.certified).sum(),
+        )
         reference = self._dense(dense) if (self.shadow or self.capture is not None) else None
         tokens = cert.tokens
         if bool(need):  # the one host sync of the step: whether to run the dense head
@@ -155,25 +174,39 @@ class CertifiedHead:
     def report(self) -> dict[str, Any]:
         """The counters (read now) and per-phase seconds, for the run's records."""
         counts = self.counters.read()
-        return {"policy": self.policy, "k": self.k, "shadow": self.shadow, **counts,
-                "seconds": {k: round(v, 6) for k, v in self.seconds.items()}}  # fmt: skip
+        return {
+            "policy": self.policy,
+            "k": self.k,
+            "shadow": self.shadow,
+            **counts,
+            "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
+        }
 
 
 def check_dense_head(model: Any) -> None:
     """The exactness preconditions on the model's head (HEAD.md): a plain linear map — no bias, no logit soft-cap
     or scale. A model that breaks one is refused with the reason, never run with a head that would not be exact."""
-    from draftscope.errors import UserError
+    from draftscope.core.errors import UserError
 
     head = getattr(model, "lm_head", None)
     if head is None or getattr(head, "weight", None) is None:
-        raise UserError("the target has no lm_head weight to certify", field="head.policy",
-                        fix="use --head dense for this model")  # fmt: skip
+        raise UserError(
+            "the target has no lm_head weight to certify",
+            field="head.policy",
+            fix="use --head dense for this model",
+        )
     if getattr(head, "bias", None) is not None:
-        raise UserError("the target's head has a bias; the bounds assume none", field="head.policy",
-                        fix="use --head dense for this model")  # fmt: skip
+        raise UserError(
+            "the target's head has a bias; the bounds assume none",
+            field="head.policy",
+            fix="use --head dense for this model",
+        )
     config = getattr(model, "config", None)
     for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
         value = getattr(config, name, None)
         if value not in (None, 0, 1, 1.0):
-            raise UserError(f"the target scales or caps its logits ({name}={value}); the bounds assume neither",
-                            field="head.policy", fix="use --head dense for this model")  # fmt: skip
+            raise UserError(
+                f"the target scales or caps its logits ({name}={value}); the bounds assume neither",
+                field="head.policy",
+                fix="use --head dense for this model",
+            )

@@ -128,8 +128,10 @@ def coarse_in_chunks(head: QuantizedHead, hidden: torch.Tensor, chunk: int | Non
     for a in range(0, head.vocab, chunk):
         part = coarse(head.rows(a, min(a + chunk, head.vocab)), hidden)
         logits[:, a : a + chunk], upper[:, a : a + chunk], a_bound[:, a : a + chunk] = (
-            part.logits, part.upper, part.a_bound,
-        )  # fmt: skip
+            part.logits,
+            part.upper,
+            part.a_bound,
+        )
     return Coarse(logits, upper, a_bound)
 
 
@@ -151,8 +153,14 @@ def startup_rows(weight: torch.Tensor, rows: int, seed: int = 0) -> tuple[torch.
     return h.to(weight.dtype), draft
 
 
-def startup_check(head: QuantizedHead, dense: Callable[[torch.Tensor], torch.Tensor], *, rows: int, k: int,
-                  out_dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
+def startup_check(
+    head: QuantizedHead,
+    dense: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    rows: int,
+    k: int,
+    out_dtype: torch.dtype,
+) -> dict[str, Any]:
     """Certified vs the model's own dense head on synthetic rows; `disagreements` must be 0."""
     started = time.perf_counter()
     hidden, draft = startup_rows(head.weight, rows)

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 
 SCHEMA = "head-study"
 
@@ -28,15 +28,21 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
     def q(p: float) -> float:
         return ordered[min(len(ordered) - 1, int(p * (len(ordered) - 1) + 0.5))]
 
-    return {"min": ordered[0], "p10": q(0.1), "median": statistics.median(ordered), "p90": q(0.9),
-            "max": ordered[-1], "n": len(ordered)}  # fmt: skip
+    return {
+        "min": ordered[0],
+        "p10": q(0.1),
+        "median": statistics.median(ordered),
+        "p90": q(0.9),
+        "max": ordered[-1],
+        "n": len(ordered),
+    }
 
 
 def head_weight(run_dir: Path) -> Any:
     """The target's exact head weight for a run: the kit-built tiny target, or the pinned hub checkpoint's
     `lm_head.weight` (tied: `model.embed_tokens.weight`) read from the local hub cache."""
-    from draftscope.jsonio import read_json
-    from draftscope.presets import load_model_preset
+    from draftscope.core.jsonio import read_json
+    from draftscope.core.presets import load_model_preset
 
     manifest = read_json(run_dir / "manifest.json")
     config = manifest.get("config") or {}
@@ -53,8 +59,8 @@ def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
 
     from safetensors import safe_open
 
+    from draftscope.bench.plan import hub_cache_dir
     from draftscope.pipeline.base import hub_snapshot
-    from draftscope.plan import hub_cache_dir
 
     repo = config.get("model") or preset.hub.repo
     revision = config.get("revision") or preset.hub.revision
@@ -68,8 +74,11 @@ def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
             with safe_open(str(path), framework="pt") as handle:
                 if key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
                     return handle.get_tensor(key)
-    raise UserError(f"no head weight for {repo}@{revision} in the local hub cache", field="model",
-                    fix="fetch the pinned checkpoint first (invoke benchmark does)")  # fmt: skip
+    raise UserError(
+        f"no head weight for {repo}@{revision} in the local hub cache",
+        field="model",
+        fix="fetch the pinned checkpoint first (invoke benchmark does)",
+    )
 
 
 def study(run_dir: Path, *, k: int = 64, group_size: int | None = None, weight: Any = None) -> dict[str, Any]:
@@ -153,16 +162,31 @@ def table(result: dict[str, Any]) -> Any:
         ("rows certified", f"{result['certified']} ({result['certified_fraction']:.1%})"),
         ("rows uncertified, relevant", str(result["uncertified_relevant"])),
         ("rows uncertified, irrelevant", str(result["uncertified_irrelevant"])),
-        ("dense fallbacks, row-wise rule", f"{result['fallback_rowwise']} ({result['fallback_rowwise'] / calls:.1%})"),
-        ("dense fallbacks, prefix rule", f"{result['fallback_prefix']} ({result['fallback_prefix'] / calls:.1%})"),
-        ("prefix fallbacks by triggering row", ", ".join(f"row {r}: {n}" for r, n in result["trigger_rows"].items())
-         or "none"),
+        (
+            "dense fallbacks, row-wise rule",
+            f"{result['fallback_rowwise']} ({result['fallback_rowwise'] / calls:.1%})",
+        ),
+        (
+            "dense fallbacks, prefix rule",
+            f"{result['fallback_prefix']} ({result['fallback_prefix'] / calls:.1%})",
+        ),
+        (
+            "prefix fallbacks by triggering row",
+            ", ".join(f"row {r}: {n}" for r, n in result["trigger_rows"].items()) or "none",
+        ),
         ("ties decided by the lowest index", str(result["ties"])),
-        ("K that would have sufficed (median / max)",
-         "-" if not result["k_needed"] else f"{result['k_needed']['median']:.0f} / {result['k_needed']['max']:.0f}"),
-        ("tail margin (median)", "-" if not result["tail_margin"] else f"{result['tail_margin']['median']:.4g}"),
+        (
+            "K that would have sufficed (median / max)",
+            "-"
+            if not result["k_needed"]
+            else f"{result['k_needed']['median']:.0f} / {result['k_needed']['max']:.0f}",
+        ),
+        (
+            "tail margin (median)",
+            "-" if not result["tail_margin"] else f"{result['tail_margin']['median']:.4g}",
+        ),
         ("disagreements with the dense head (must be 0)", str(result["disagreements"])),
-    ]  # fmt: skip
+    ]
     for name, value in rows:
         out.add_row(name, value)
     return out
@@ -200,9 +224,9 @@ def figures(result: dict[str, Any], calls_margins: dict[str, list[float]] | None
 
 
 def main(run: str, *, k: int, group_size: int | None, output: str | None) -> tuple[dict[str, Any], Path]:
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.render import console
-    from draftscope.schema import check
+    from draftscope.cli.render import console
+    from draftscope.core.jsonio import atomic_write_json
+    from draftscope.core.schema import check
 
     run_dir = Path(run)
     if not (run_dir / "manifest.json").is_file():

@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from draftscope.errors import MissingDependency, UserError
+from draftscope.core.errors import MissingDependency, UserError
 from draftscope.head.exact import PAD, gamma, up_to_f32
 from draftscope.head.quant import Coarse, QuantizedHead, group_norms
 
@@ -71,12 +71,32 @@ def kernels() -> dict[str, Any]:
 
     @triton.jit
     def coarse_kernel(
-        h_ptr, q_ptr, scale_ptr, el2_ptr, elinf_ptr, qlinf_ptr, wlinf_ptr, l1_ptr, l2_ptr,
-        c_ptr, u_ptr, a_ptr,
-        N, V, D, G, GS,
-        gamma_fp, e_pad, a_pad, c_pad,
-        BLOCK_V: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_BF16: tl.constexpr,
-    ):  # fmt: skip
+        h_ptr,
+        q_ptr,
+        scale_ptr,
+        el2_ptr,
+        elinf_ptr,
+        qlinf_ptr,
+        wlinf_ptr,
+        l1_ptr,
+        l2_ptr,
+        c_ptr,
+        u_ptr,
+        a_ptr,
+        N,
+        V,
+        D,
+        G,
+        GS,
+        gamma_fp,
+        e_pad,
+        a_pad,
+        c_pad,
+        BLOCK_V: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        DOT_BF16: tl.constexpr,
+    ):
         pid_v = tl.program_id(0)
         pid_n = tl.program_id(1)
         rv = (pid_v * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
@@ -148,8 +168,9 @@ def kernels() -> dict[str, Any]:
         tl.store(out_ptr + (row.to(tl.int64) * BLOCKS + blk) * KP + tl.arange(0, KP), top)
 
     @triton.jit
-    def refine_kernel(w_ptr, h_ptr, ids_ptr, f_ptr, a_ptr, M, D, a_pad,
-                      BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    def refine_kernel(
+        w_ptr, h_ptr, ids_ptr, f_ptr, a_ptr, M, D, a_pad, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr
+    ):
         row = tl.program_id(0)
         pm = tl.program_id(1)
         rm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -226,12 +247,32 @@ def coarse_triton(head: QuantizedHead, hidden: Any) -> Coarse:
     block_d = max(16, min(COARSE_BLOCK_D, _pow2(gs)))
     grid = (triton_cdiv(v, COARSE_BLOCK_V), triton_cdiv(n, COARSE_BLOCK_N))
     k["coarse"][grid](
-        h, head.q, head.scales, head.err_l2, head.err_linf, head.q_linf, head.w_linf, l1f, l2f,
-        logits, upper, a_bound,
-        n, v, d, g, gs,
-        gamma_fp, e_pad, a_pad, 2.0**-50,
-        BLOCK_V=COARSE_BLOCK_V, BLOCK_N=COARSE_BLOCK_N, BLOCK_D=block_d, DOT_BF16=dot_bf16,
-    )  # fmt: skip
+        h,
+        head.q,
+        head.scales,
+        head.err_l2,
+        head.err_linf,
+        head.q_linf,
+        head.w_linf,
+        l1f,
+        l2f,
+        logits,
+        upper,
+        a_bound,
+        n,
+        v,
+        d,
+        g,
+        gs,
+        gamma_fp,
+        e_pad,
+        a_pad,
+        2.0**-50,
+        BLOCK_V=COARSE_BLOCK_V,
+        BLOCK_N=COARSE_BLOCK_N,
+        BLOCK_D=block_d,
+        DOT_BF16=dot_bf16,
+    )
     return Coarse(logits, upper, a_bound)
 
 
@@ -318,8 +359,18 @@ def refine_triton(weight: Any, hidden: Any, ids: Any) -> tuple[Any, Any]:
     a = torch.empty(n, m, dtype=torch.float64, device=hidden.device)
     a_pad = _up32((1 + PAD) / (1 - gamma(d + 1)))
     grid = (n, triton_cdiv(m, REFINE_BLOCK_M))
-    k["refine"][grid](weight, hidden.contiguous(), ids.to(torch.int64).contiguous(), f, a, m, d, a_pad,
-                      BLOCK_M=REFINE_BLOCK_M, BLOCK_D=REFINE_BLOCK_D)  # fmt: skip
+    k["refine"][grid](
+        weight,
+        hidden.contiguous(),
+        ids.to(torch.int64).contiguous(),
+        f,
+        a,
+        m,
+        d,
+        a_pad,
+        BLOCK_M=REFINE_BLOCK_M,
+        BLOCK_D=REFINE_BLOCK_D,
+    )
     return f.to(torch.float64), a
 
 
@@ -341,16 +392,41 @@ def kernel_specs() -> list[KernelSpec]:
     the coarse pass for fp32 activations (`coarse_fp32`)."""
     ptr = "*fp32"
     coarse_sig = {
-        "h_ptr": "*bf16", "q_ptr": "*i8", "scale_ptr": ptr, "el2_ptr": ptr, "elinf_ptr": ptr, "qlinf_ptr": ptr,
-        "wlinf_ptr": ptr, "l1_ptr": ptr, "l2_ptr": ptr, "c_ptr": ptr, "u_ptr": "*fp64", "a_ptr": "*fp64",
-        "N": "i32", "V": "i32", "D": "i32", "G": "i32", "GS": "i32",
-        "gamma_fp": "fp32", "e_pad": "fp32", "a_pad": "fp32", "c_pad": "fp32",
-    }  # fmt: skip
+        "h_ptr": "*bf16",
+        "q_ptr": "*i8",
+        "scale_ptr": ptr,
+        "el2_ptr": ptr,
+        "elinf_ptr": ptr,
+        "qlinf_ptr": ptr,
+        "wlinf_ptr": ptr,
+        "l1_ptr": ptr,
+        "l2_ptr": ptr,
+        "c_ptr": ptr,
+        "u_ptr": "*fp64",
+        "a_ptr": "*fp64",
+        "N": "i32",
+        "V": "i32",
+        "D": "i32",
+        "G": "i32",
+        "GS": "i32",
+        "gamma_fp": "fp32",
+        "e_pad": "fp32",
+        "a_pad": "fp32",
+        "c_pad": "fp32",
+    }
     coarse_const = {"BLOCK_V": COARSE_BLOCK_V, "BLOCK_N": COARSE_BLOCK_N, "BLOCK_D": COARSE_BLOCK_D}
     kp = _pow2(64 + 2 + 1)
     topk_const = {"BLOCK": TOPK_BLOCK, "KP": kp}
-    refine_sig = {"w_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "f_ptr": ptr, "a_ptr": "*fp64",
-                  "M": "i32", "D": "i32", "a_pad": "fp32"}  # fmt: skip
+    refine_sig = {
+        "w_ptr": "*bf16",
+        "h_ptr": "*bf16",
+        "ids_ptr": "*i64",
+        "f_ptr": ptr,
+        "a_ptr": "*fp64",
+        "M": "i32",
+        "D": "i32",
+        "a_pad": "fp32",
+    }
     return [
         KernelSpec("coarse", "coarse", coarse_sig, {**coarse_const, "DOT_BF16": True}),
         KernelSpec(

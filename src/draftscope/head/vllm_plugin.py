@@ -162,8 +162,9 @@ def processor_class(base: type) -> type:
             if _PLUGIN is not None:
                 _PLUGIN.processor_created()
 
-        def forward(self, lm_head: Any, hidden_states: Any, embedding_bias: Any = None,
-                    skip_gather: bool = False) -> Any:  # fmt: skip
+        def forward(
+            self, lm_head: Any, hidden_states: Any, embedding_bias: Any = None, skip_gather: bool = False
+        ) -> Any:
             def dense(hidden: Any = hidden_states) -> Any:
                 return base.forward(self, lm_head, hidden, embedding_bias, skip_gather)
 
@@ -373,8 +374,15 @@ class _Plugin:
             return
         install_runner_hooks()
 
-    def logits(self, processor: Any, lm_head: Any, hidden: torch.Tensor, bias: Any, step: Step,
-               dense: Callable[..., torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    def logits(
+        self,
+        processor: Any,
+        lm_head: Any,
+        hidden: torch.Tensor,
+        bias: Any,
+        step: Step,
+        dense: Callable[..., torch.Tensor],
+    ) -> torch.Tensor:
         if not self._is_target(processor, step.runner):
             return dense()
         with torch.inference_mode():
@@ -392,8 +400,15 @@ class _Plugin:
             processor._draftscope_target = any(m is processor for m in runner.model.modules())
         return bool(processor._draftscope_target)
 
-    def activate(self, processor: Any, lm_head: Any, hidden: torch.Tensor, bias: Any, runner: Any,
-                 dense: Callable[..., torch.Tensor]) -> None:  # fmt: skip
+    def activate(
+        self,
+        processor: Any,
+        lm_head: Any,
+        hidden: torch.Tensor,
+        bias: Any,
+        runner: Any,
+        dense: Callable[..., torch.Tensor],
+    ) -> None:
         started = time.perf_counter()
         settings = self.settings
         weight = lm_head.weight
@@ -425,9 +440,12 @@ class _Plugin:
                     allocated_delta_bytes=None if after is None else after - before,
                 )
                 self.facts["head"] = {
-                    "vocab": head.vocab, "hidden": head.hidden, "groups": head.groups,
-                    "group_size": head.group_size, "dtype": str(weight.dtype).removeprefix("torch."),
-                }  # fmt: skip
+                    "vocab": head.vocab,
+                    "hidden": head.hidden,
+                    "groups": head.groups,
+                    "group_size": head.group_size,
+                    "dtype": str(weight.dtype).removeprefix("torch."),
+                }
                 with serving.reference_contract(hidden):
                     check = serving.startup_check(
                         head, dense, rows=settings.max_rows, k=settings.k, out_dtype=weight.dtype
@@ -490,20 +508,29 @@ class _Plugin:
         started = time.perf_counter()
         head = self.head
         assert head is not None and self.trigger_positions is not None
-        cert = certify(head, hidden, plan.draft, k=self.settings.k, out_dtype=head.weight.dtype,
-                       bounds=serving.coarse_in_chunks(head, hidden))  # fmt: skip
+        cert = certify(
+            head,
+            hidden,
+            plan.draft,
+            k=self.settings.k,
+            out_dtype=head.weight.dtype,
+            bounds=serving.coarse_in_chunks(head, hidden),
+        )
         prefix = prefix_decision(
             cert.certified, cert.tokens, plan.draft, plan.request, requests=plan.requests
         )
         rowwise = rowwise_decision(cert.certified, plan.request, requests=plan.requests)
         counters.add(
-            calls=1, rows=rows, certified=cert.certified.sum(),
+            calls=1,
+            rows=rows,
+            certified=cert.certified.sum(),
             uncertified_relevant=(prefix.relevant & ~cert.certified).sum(),
             uncertified_irrelevant=(~prefix.relevant & ~cert.certified).sum(),
             dense_calls=prefix.need_dense.to(torch.int64),
             dense_calls_rowwise=rowwise.need_dense.to(torch.int64),
-            dense_calls_prefix=prefix.need_dense.to(torch.int64), ties=(cert.ties * cert.certified).sum(),
-        )  # fmt: skip
+            dense_calls_prefix=prefix.need_dense.to(torch.int64),
+            ties=(cert.ties * cert.certified).sum(),
+        )
         fired = prefix.trigger >= 0
         self.trigger_positions.index_put_(
             (plan.local_pos[prefix.trigger.clamp(min=0)].clamp(max=self.settings.max_rows),),

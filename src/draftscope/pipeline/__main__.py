@@ -25,33 +25,42 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 
 RESULT_SCHEMA_VERSION = 1
 RESULT_SCHEMA = "stage-result"  # stages/<stage>.result.json
 
 
-def write_result(path: str | None, stage: str, started: float, exit_code: int, counts: dict[str, Any],
-                 notes: list[str] | None = None) -> None:  # fmt: skip
+def write_result(
+    path: str | None,
+    stage: str,
+    started: float,
+    exit_code: int,
+    counts: dict[str, Any],
+    notes: list[str] | None = None,
+) -> None:
     if not path:
         return
     from draftscope.__main__ import versions
 
-    save_result(Path(path), {
-        "schema_version": RESULT_SCHEMA_VERSION,
-        "stage": stage,
-        "exit_code": exit_code,
-        "seconds": round(time.monotonic() - started, 3),
-        "versions": versions(),
-        "counts": counts,
-        "notes": notes or [],
-    })  # fmt: skip
+    save_result(
+        Path(path),
+        {
+            "schema_version": RESULT_SCHEMA_VERSION,
+            "stage": stage,
+            "exit_code": exit_code,
+            "seconds": round(time.monotonic() - started, 3),
+            "versions": versions(),
+            "counts": counts,
+            "notes": notes or [],
+        },
+    )
 
 
 def save_result(path: Path, result: dict[str, Any]) -> None:
     """A stage's result file (a stage's own process, or the job after a Slurm job array), checked first."""
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.schema import check
+    from draftscope.core.jsonio import atomic_write_json
+    from draftscope.core.schema import check
 
     check(result, RESULT_SCHEMA, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from draftscope.errors import UserError
+from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT, Mount, hub_cache_dir
+from draftscope.core.errors import UserError
+from draftscope.core.presets import ModelPreset
 from draftscope.pipeline.config import Instance, PipelineConfig
-from draftscope.plan import CACHE_MOUNT, RUN_MOUNT, Mount, hub_cache_dir
-from draftscope.presets import ModelPreset
 
 # Container paths besides the run directory (RUN_MOUNT) and the hub cache (CACHE_MOUNT).
 MODELS_MOUNT = "/draftscope/models"

@@ -21,17 +21,31 @@ def commands(ctx: StageContext) -> list[Command]:
 
 def argv(ctx: StageContext) -> list[str]:
     opts = ctx.config.bench
-    return kit_argv(ctx, NAME, "bench", [
-        "--commands", ctx.layout.at("stages", "bench.commands.json"),
-        "--prompts", ctx.layout.prompts,
-        "--output", ctx.layout.at("bench", "bench.json"),
-        "--draft", ctx.config.draft,
-        "--algorithm", serve.algorithm(ctx),
-        "--draft-tokens", str(serve.draft_tokens(ctx)),
-        "--max-new-tokens", str(opts.max_new_tokens),
-        "--repeats", str(opts.repeats),
-        "--startup-timeout", str(ctx.config.serve.startup_timeout_s),
-    ])  # fmt: skip
+    return kit_argv(
+        ctx,
+        NAME,
+        "bench",
+        [
+            "--commands",
+            ctx.layout.at("stages", "bench.commands.json"),
+            "--prompts",
+            ctx.layout.prompts,
+            "--output",
+            ctx.layout.at("bench", "bench.json"),
+            "--draft",
+            ctx.config.draft,
+            "--algorithm",
+            serve.algorithm(ctx),
+            "--draft-tokens",
+            str(serve.draft_tokens(ctx)),
+            "--max-new-tokens",
+            str(opts.max_new_tokens),
+            "--repeats",
+            str(opts.repeats),
+            "--startup-timeout",
+            str(ctx.config.serve.startup_timeout_s),
+        ],
+    )
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:

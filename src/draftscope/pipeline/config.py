@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from draftscope.config import build, deep_merge, load_yaml, parse_opts, to_dict, validated
-from draftscope.errors import UserError
-from draftscope.presets import ModelPreset, load_model_preset
-from draftscope.resources import presets_dir
+from draftscope.core.config import build, deep_merge, load_yaml, parse_opts, to_dict, validated
+from draftscope.core.errors import UserError
+from draftscope.core.presets import ModelPreset, load_model_preset
+from draftscope.core.resources import presets_dir
 
 DRAFTS = ("dflash", "dflash2", "dspark")
 DEFAULT_DRAFT = "dflash"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline.base import Artifact, Stage, StageContext, kit_argv, model_artifacts
 
 NAME = "convert"
@@ -73,13 +73,19 @@ def expected_args(ctx: StageContext) -> list[str]:
     """The preset's and config's values the checkpoint is checked against."""
     preset, config = ctx.preset, ctx.config
     args = [
-        "--draft", config.draft,
-        "--target-layer-ids", *map(str, preset.dflash.target_layer_ids),
-        "--num-target-layers", str(preset.architecture.num_layers),
-        "--num-draft-layers", str(preset.dflash.num_draft_layers),
-        "--block-size", str(preset.dflash.block_size),
-        "--vocab-size", str(preset.architecture.vocab_size),
-    ]  # fmt: skip
+        "--draft",
+        config.draft,
+        "--target-layer-ids",
+        *map(str, preset.dflash.target_layer_ids),
+        "--num-target-layers",
+        str(preset.architecture.num_layers),
+        "--num-draft-layers",
+        str(preset.dflash.num_draft_layers),
+        "--block-size",
+        str(preset.dflash.block_size),
+        "--vocab-size",
+        str(preset.architecture.vocab_size),
+    ]
     if preset.dflash.mask_token_id is not None:
         args += ["--mask-token-id", str(preset.dflash.mask_token_id)]
     if preset.architecture.hidden_size is not None:
@@ -87,27 +93,46 @@ def expected_args(ctx: StageContext) -> list[str]:
     if config.draft == "dflash2":
         d2 = config.train.dflash2
         args += [
-            "--conv-kernel-size", str(d2.conv_kernel_size), "--conv-group-size", str(d2.conv_group_size),
-            "--selector-rank", str(d2.selector_rank), "--selector-top-k", str(d2.selector_top_k),
-        ]  # fmt: skip
+            "--conv-kernel-size",
+            str(d2.conv_kernel_size),
+            "--conv-group-size",
+            str(d2.conv_group_size),
+            "--selector-rank",
+            str(d2.selector_rank),
+            "--selector-top-k",
+            str(d2.selector_top_k),
+        ]
     if config.draft == "dspark":
         ds = config.train.dspark
         args += [
-            "--markov-rank", str(ds.markov_rank), "--markov-head-type", ds.markov_head_type,
+            "--markov-rank",
+            str(ds.markov_rank),
+            "--markov-head-type",
+            ds.markov_head_type,
             "--enable-confidence-head" if ds.enable_confidence_head else "--no-enable-confidence-head",
-            "--confidence-head-with-markov" if ds.confidence_head_with_markov else "--no-confidence-head-with-markov",
+            "--confidence-head-with-markov"
+            if ds.confidence_head_with_markov
+            else "--no-confidence-head-with-markov",
             "--sample-from-anchor" if ds.sample_from_anchor else "--no-sample-from-anchor",
-        ]  # fmt: skip
+        ]
     return args
 
 
 def argv(ctx: StageContext) -> list[str]:
-    return kit_argv(ctx, NAME, "convert", [
-        "--checkpoints", ctx.layout.at("checkpoints"),
-        "--epoch", str(ctx.config.convert.checkpoint),
-        "--output", ctx.layout.at("draft"),
-        *expected_args(ctx),
-    ])  # fmt: skip
+    return kit_argv(
+        ctx,
+        NAME,
+        "convert",
+        [
+            "--checkpoints",
+            ctx.layout.at("checkpoints"),
+            "--epoch",
+            str(ctx.config.convert.checkpoint),
+            "--output",
+            ctx.layout.at("draft"),
+            *expected_args(ctx),
+        ],
+    )
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:
@@ -219,9 +244,13 @@ def check_checkpoint(
 ) -> Checks:
     """Every contract on the speculators checkpoint; raises on the first violation, naming the field."""
     c = Checks(source)
-    c.require("speculators_model_type", expected.draft, config.get("speculators_model_type"),
-              fix=f"convert a {expected.draft} checkpoint, or run the pipeline with --draft "
-                  f"{config.get('speculators_model_type')}")  # fmt: skip
+    c.require(
+        "speculators_model_type",
+        expected.draft,
+        config.get("speculators_model_type"),
+        fix=f"convert a {expected.draft} checkpoint, or run the pipeline with --draft "
+        f"{config.get('speculators_model_type')}",
+    )
     layer = config.get("transformer_layer_config")
     c.require(
         "transformer_layer_config",
@@ -345,8 +374,10 @@ def _check_weights(
         prefix = f"layers.{i}."
         has = any(n.startswith(prefix) for n in names)
         c.require(f"weights:{prefix}*", "present", "present" if has else "missing", ok=has)
-    extra = sorted({n.split(".")[1] for n in names if n.startswith("layers.")} - {
-        str(i) for i in range(expected.num_draft_layers)})  # fmt: skip
+    extra = sorted(
+        {n.split(".")[1] for n in names if n.startswith("layers.")}
+        - {str(i) for i in range(expected.num_draft_layers)}
+    )
     c.require(
         "weights:layers",
         f"{expected.num_draft_layers} layer(s)",
@@ -504,8 +535,8 @@ def pick_epoch(checkpoints: Path, epoch: str | int) -> Path:
 
 def convert(checkpoint: Path, output: Path, expected: Expected) -> dict[str, Any]:
     """Check `checkpoint`, write the SGLang draft folder `output` (replaced whole), re-read and check it."""
-    from draftscope.jsonio import atomic_write_json, sha256_file
-    from draftscope.schema import check
+    from draftscope.core.jsonio import atomic_write_json, sha256_file
+    from draftscope.core.schema import check
 
     config = read_config(checkpoint)
     tensors = safetensors_header(checkpoint / WEIGHTS)
@@ -572,11 +603,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def expected_from_args(args: argparse.Namespace) -> Expected:
     dflash2 = {k: getattr(args, k) for k in DFLASH2_KEYS} if args.draft == "dflash2" else {}
     dspark = (
-        {k: getattr(args, k) for k in ("markov_rank", "markov_head_type", "enable_confidence_head",
-                                        "confidence_head_with_markov", "sample_from_anchor")}
+        {
+            k: getattr(args, k)
+            for k in (
+                "markov_rank",
+                "markov_head_type",
+                "enable_confidence_head",
+                "confidence_head_with_markov",
+                "sample_from_anchor",
+            )
+        }
         if args.draft == "dspark"
         else {}
-    )  # fmt: skip
+    )
     missing = [k for k, v in {**dflash2, **dspark}.items() if v is None]
     if missing:
         raise UserError(f"missing expected values for {args.draft}: {', '.join(missing)}", field="convert")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from draftscope.errors import MissingDependency, UserError
+from draftscope.core.errors import MissingDependency, UserError
 
 
 def patch() -> None:

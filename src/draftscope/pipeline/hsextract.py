@@ -47,22 +47,33 @@ def server_command(ctx: StageContext, inst, scratch: str | None = None) -> Comma
     """`scratch`: where vLLM's connector writes (default `hsextract/scratch-<i>`; a Slurm array task has its own)."""
     opts = ctx.config.hsextract
     argv = [
-        "python", f"{ctx.layout.scripts}/launch_vllm.py", ctx.layout.model,
-        "--hidden-states-backend", "file",
+        "python",
+        f"{ctx.layout.scripts}/launch_vllm.py",
+        ctx.layout.model,
+        "--hidden-states-backend",
+        "file",
         # vLLM's connector writes here; the client moves each row's file into the output folder.
-        "--hidden-states-path", scratch or ctx.layout.at("hsextract", f"scratch-{inst.index}"),
-        "--target-layer-ids", *map(str, speculators_layer_ids(ctx.preset)),
+        "--hidden-states-path",
+        scratch or ctx.layout.at("hsextract", f"scratch-{inst.index}"),
+        "--target-layer-ids",
+        *map(str, speculators_layer_ids(ctx.preset)),
         "--include-last-layer",
         "--",
-        "--host", "127.0.0.1",
-        "--port", str(inst.port),
-        "--tensor-parallel-size", str(inst.tp),
-        "--max-model-len", str(opts.max_model_len or ctx.preset.training.seq_length),
-        "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(inst.port),
+        "--tensor-parallel-size",
+        str(inst.tp),
+        "--max-model-len",
+        str(opts.max_model_len or ctx.preset.training.seq_length),
+        "--gpu-memory-utilization",
+        str(opts.gpu_memory_utilization),
         "--no-enable-prefix-caching",
-        "--seed", str(ctx.config.seed),
+        "--seed",
+        str(ctx.config.seed),
         *hybrid_vllm_flags(ctx.preset),
-    ]  # fmt: skip
+    ]
     return Command(f"server-{inst.index}", tuple(argv), env=inst.env(), gpus=inst.gpus, port=inst.port)
 
 
@@ -71,17 +82,27 @@ def client_command(ctx: StageContext, inst, world_size: int, rank: int | None = 
     instances-per-task k has ranks I*k + i of a world of N*k)."""
     opts = ctx.config.hsextract
     argv = [
-        "python", "-m", "speculators", "generate-offline-data",
-        "--preprocessed-data", ctx.layout.at("prepare"),
-        "--endpoint", f"{inst.url()}/v1",
-        "--output", ctx.layout.at("hidden_states"),
-        "--concurrency", str(opts.concurrency),
-        "--max-retries", str(opts.max_retries),
+        "python",
+        "-m",
+        "speculators",
+        "generate-offline-data",
+        "--preprocessed-data",
+        ctx.layout.at("prepare"),
+        "--endpoint",
+        f"{inst.url()}/v1",
+        "--output",
+        ctx.layout.at("hidden_states"),
+        "--concurrency",
+        str(opts.concurrency),
+        "--max-retries",
+        str(opts.max_retries),
         "--fail-on-error",
         "--validate-outputs",
-        "--world-size", str(world_size),
-        "--rank", str(inst.index if rank is None else rank),
-    ]  # fmt: skip
+        "--world-size",
+        str(world_size),
+        "--rank",
+        str(inst.index if rank is None else rank),
+    ]
     if opts.request_timeout_s:
         argv += ["--request-timeout", str(opts.request_timeout_s)]
     return Command(f"client-{inst.index}", tuple(argv))
@@ -96,31 +117,57 @@ def commands(ctx: StageContext) -> list[Command]:
 
 def argv(ctx: StageContext) -> list[str]:
     common = [
-        "--data", ctx.layout.at("prepare"),
-        "--output", ctx.layout.at("hidden_states"),
-        "--summary", ctx.layout.at("hsextract", "summary.json"),
-        "--layer-ids", *map(str, captured_layer_ids(ctx.preset)),
-    ]  # fmt: skip
+        "--data",
+        ctx.layout.at("prepare"),
+        "--output",
+        ctx.layout.at("hidden_states"),
+        "--summary",
+        ctx.layout.at("hsextract", "summary.json"),
+        "--layer-ids",
+        *map(str, captured_layer_ids(ctx.preset)),
+    ]
     if uses_vllm(ctx):
-        return kit_argv(ctx, NAME, "hsextract", [
-            "--commands", ctx.layout.at("stages", "hsextract.commands.json"), *common,
-            "--hidden-size", str(ctx.preset.architecture.hidden_size),
-        ])  # fmt: skip
-    return kit_argv(ctx, NAME, "hsextract-transformers", [
-        "--model", ctx.layout.model, *common, "--dtype", ctx.config.train.hidden_states_dtype,
-    ])  # fmt: skip
+        return kit_argv(
+            ctx,
+            NAME,
+            "hsextract",
+            [
+                "--commands",
+                ctx.layout.at("stages", "hsextract.commands.json"),
+                *common,
+                "--hidden-size",
+                str(ctx.preset.architecture.hidden_size),
+            ],
+        )
+    return kit_argv(
+        ctx,
+        NAME,
+        "hsextract-transformers",
+        [
+            "--model",
+            ctx.layout.model,
+            *common,
+            "--dtype",
+            ctx.config.train.hidden_states_dtype,
+        ],
+    )
 
 
 def check_argv(ctx: StageContext) -> list[str]:
     """The whole-output check of a Slurm job array's result (`python -m draftscope.pipeline hsextract-check`):
     every row has its file, sampled shapes; writes the stage's summary and result as a single run does."""
     args = [
-        "--data", ctx.layout.at("prepare"),
-        "--output", ctx.layout.at("hidden_states"),
-        "--summary", ctx.layout.at("hsextract", "summary.json"),
-        "--layer-ids", *map(str, captured_layer_ids(ctx.preset)),
-        "--extractor", "vllm" if uses_vllm(ctx) else "transformers",
-    ]  # fmt: skip
+        "--data",
+        ctx.layout.at("prepare"),
+        "--output",
+        ctx.layout.at("hidden_states"),
+        "--summary",
+        ctx.layout.at("hsextract", "summary.json"),
+        "--layer-ids",
+        *map(str, captured_layer_ids(ctx.preset)),
+        "--extractor",
+        "vllm" if uses_vllm(ctx) else "transformers",
+    ]
     if uses_vllm(ctx):
         args += ["--hidden-size", str(ctx.preset.architecture.hidden_size)]
     return kit_argv(ctx, NAME, "hsextract-check", args)

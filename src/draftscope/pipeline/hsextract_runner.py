@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import MissingDependency, UserError
+from draftscope.core.errors import MissingDependency, UserError
 
 SAMPLED_FILES = 8
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -39,8 +39,9 @@ def block(total: int, world_size: int, rank: int) -> range:
     """The rows of `rank` among `world_size`: speculators' `get_indices_to_process` split (contiguous blocks, the
     first `total % world_size` one row longer). The ranks of a world partition the rows."""
     if world_size < 1 or not 0 <= rank < world_size:
-        raise UserError(f"rank {rank} is outside a world of {world_size}", field="--rank",
-                        fix="0 <= rank < world size")  # fmt: skip
+        raise UserError(
+            f"rank {rank} is outside a world of {world_size}", field="--rank", fix="0 <= rank < world size"
+        )
     chunk, extra = divmod(total, world_size)
     start = rank * chunk + min(rank, extra)
     return range(start, start + chunk + (1 if rank < extra else 0))
@@ -79,8 +80,11 @@ def check_files(
     absent = [r for r in wanted if not (output / f"hs_{r}.safetensors").is_file()]
     if absent:
         shown = ", ".join(map(str, absent[:10]))
-        raise UserError(f"{len(absent)} row(s) have no hidden-state file (rows {shown})", source=str(output),
-                        fix="rerun the stage; the clients skip rows whose file exists")  # fmt: skip
+        raise UserError(
+            f"{len(absent)} row(s) have no hidden-state file (rows {shown})",
+            source=str(output),
+            fix="rerun the stage; the clients skip rows whose file exists",
+        )
     step = max(1, len(wanted) // SAMPLED_FILES)
     size, dtype = hidden_size or 0, ""
     for row in wanted[::step]:
@@ -96,8 +100,9 @@ def check_files(
             dtype = SAFETENSORS_DTYPES.get(str(states.get_dtype()), str(states.get_dtype()))
             tokens = handle.get_slice("token_ids").get_shape()[0]
         if len(shape) != 3 or shape[0] != tokens or shape[1] != len(layer_ids):
-            raise UserError(f"hidden_states shape {shape}; expected [{tokens}, {len(layer_ids)}, H]",
-                            source=str(path))  # fmt: skip
+            raise UserError(
+                f"hidden_states shape {shape}; expected [{tokens}, {len(layer_ids)}, H]", source=str(path)
+            )
         if size and shape[2] != size:
             raise UserError(f"hidden size {shape[2]}, expected {size}", source=str(path), field="hidden_size")
         size = shape[2]
@@ -121,8 +126,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     failed = {name: code for name, code in codes.items() if code != 0}
     if failed:
         name, code = next(iter(failed.items()))
-        raise UserError(f"{len(failed)} of {len(clients_of(commands))} client(s) failed ({name}: exit {code})",
-                        fix=f"read logs/hsextract.{name}.log; a rerun resumes")  # fmt: skip
+        raise UserError(
+            f"{len(failed)} of {len(clients_of(commands))} client(s) failed ({name}: exit {code})",
+            fix=f"read logs/hsextract.{name}.log; a rerun resumes",
+        )
     files, hidden, dtype = check_files(output, rows, args.layer_ids, args.hidden_size)
     write_summary(Path(args.summary), count, files, args.layer_ids, hidden, "vllm", dtype)
     if isinstance(rows, int):
@@ -153,8 +160,8 @@ def write_summary(
     path: Path, rows: int, files: int, layer_ids: list[int], hidden: int, extractor: str, dtype: str
 ) -> None:
     """The stage's summary (schema `stage-hsextract`), as a single run and the check after a job array write it."""
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.schema import check
+    from draftscope.core.jsonio import atomic_write_json
+    from draftscope.core.schema import check
 
     summary = {
         "schema_version": 1,

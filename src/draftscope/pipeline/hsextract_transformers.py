@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import MissingDependency, UserError
+from draftscope.core.errors import MissingDependency, UserError
 
 
 def file_for(output: Path, row: int) -> Path:
@@ -104,8 +104,8 @@ def prepared_rows(
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.schema import check
+    from draftscope.core.jsonio import atomic_write_json
+    from draftscope.core.schema import check
 
     try:
         import torch

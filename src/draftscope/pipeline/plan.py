@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from draftscope import images
+from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT, Mount, Step, resolve_path
+from draftscope.core.presets import ModelPreset
+from draftscope.core.provenance import shell_join
+from draftscope.ops import images
 from draftscope.pipeline.base import (
     INPUTS_MOUNT,
     Artifact,
@@ -25,9 +28,6 @@ from draftscope.pipeline.base import (
     scripts_dir,
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
-from draftscope.plan import CACHE_MOUNT, RUN_MOUNT, Mount, Step, resolve_path
-from draftscope.presets import ModelPreset
-from draftscope.provenance import shell_join
 
 CHAT_MOUNT = f"{INPUTS_MOUNT}/chat.jsonl"
 PROMPTS_MOUNT = f"{INPUTS_MOUNT}/prompts.json"

@@ -24,15 +24,23 @@ def seq_length(ctx: StageContext) -> int:
 def upstream_argv(ctx: StageContext) -> list[str]:
     opts = ctx.config.prepare
     argv = [
-        "python", "-m", "speculators", "prepare-data",
-        "--model", ctx.layout.tokenizer,
-        "--data", ctx.layout.at("pretokenize", "rows.jsonl"),
-        "--output", ctx.layout.at("prepare"),
-        "--seq-length", str(seq_length(ctx)),
-        "--seed", str(ctx.config.seed),
+        "python",
+        "-m",
+        "speculators",
+        "prepare-data",
+        "--model",
+        ctx.layout.tokenizer,
+        "--data",
+        ctx.layout.at("pretokenize", "rows.jsonl"),
+        "--output",
+        ctx.layout.at("prepare"),
+        "--seq-length",
+        str(seq_length(ctx)),
+        "--seed",
+        str(ctx.config.seed),
         "--skip-token-freq",
         "--overwrite",
-    ]  # fmt: skip
+    ]
     if opts.max_samples:
         argv += ["--max-samples", str(opts.max_samples)]
     if opts.workers:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline.base import Artifact, Stage, StageContext, chat_input, kit_argv
 
 NAME = "pretokenize"
@@ -53,15 +53,27 @@ def max_length(ctx: StageContext) -> int:
 
 def argv(ctx: StageContext) -> list[str]:
     opts = ctx.config.pretokenize
-    out = kit_argv(ctx, NAME, "pretokenize", [
-        "--input", input_path(ctx),
-        "--tokenizer", ctx.layout.tokenizer,
-        "--output", ctx.layout.at("pretokenize", "rows.jsonl"),
-        "--stats", ctx.layout.at("pretokenize", "stats.json"),
-        "--max-length", str(max_length(ctx)),
-        "--overlong", opts.overlong,
-        "--min-loss-tokens", str(opts.min_loss_tokens),
-    ])  # fmt: skip
+    out = kit_argv(
+        ctx,
+        NAME,
+        "pretokenize",
+        [
+            "--input",
+            input_path(ctx),
+            "--tokenizer",
+            ctx.layout.tokenizer,
+            "--output",
+            ctx.layout.at("pretokenize", "rows.jsonl"),
+            "--stats",
+            ctx.layout.at("pretokenize", "stats.json"),
+            "--max-length",
+            str(max_length(ctx)),
+            "--overlong",
+            opts.overlong,
+            "--min-loss-tokens",
+            str(opts.min_loss_tokens),
+        ],
+    )
     if ctx.config.data.max_rows and source(ctx) == "chat":
         out += ["--max-rows", str(ctx.config.data.max_rows)]
     return out
@@ -177,7 +189,7 @@ def tokenize_row(
 
 
 def read_rows(path: Path, max_rows: int | None) -> Iterator[dict[str, Any]]:
-    from draftscope.jsonio import iter_jsonl
+    from draftscope.core.jsonio import iter_jsonl
 
     seen: set[str] = set()
     for number, row in iter_jsonl(path):
@@ -236,7 +248,7 @@ def pretokenize(
     tokenizer_path: str = "",
 ) -> dict[str, Any]:
     """Write one `{id, input_ids, loss_mask}` line per kept row; return the statistics (schema-shaped)."""
-    from draftscope.jsonio import JsonlAppender
+    from draftscope.core.jsonio import JsonlAppender
 
     template = getattr(tokenizer, "chat_template", None)
     if not template:
@@ -281,9 +293,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     """In the train image (or --runtime local): load the tokenizer offline, tokenize, write rows and stats."""
-    from draftscope.errors import MissingDependency
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.schema import check
+    from draftscope.core.errors import MissingDependency
+    from draftscope.core.jsonio import atomic_write_json
+    from draftscope.core.schema import check
 
     try:
         from transformers import AutoTokenizer

@@ -45,24 +45,45 @@ def server_command(ctx: StageContext, inst) -> Command:
     opts = ctx.config.regen
     if ctx.cpu:
         argv = [
-            "python", "-m", "draftscope.pipeline", "tinyserve",
-            "--model", ctx.layout.model, "--tokenizer", ctx.layout.tokenizer,
-            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(inst.port),
-        ]  # fmt: skip
+            "python",
+            "-m",
+            "draftscope.pipeline",
+            "tinyserve",
+            "--model",
+            ctx.layout.model,
+            "--tokenizer",
+            ctx.layout.tokenizer,
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(inst.port),
+        ]
         return Command(f"server-{inst.index}", tuple(argv), port=inst.port)
     argv = [
-        "vllm", "serve", ctx.layout.model,
-        "--served-model-name", SERVED_NAME,
-        "--host", "127.0.0.1",
-        "--port", str(inst.port),
-        "--tensor-parallel-size", str(inst.tp),
-        "--max-model-len", str(max_model_len(ctx)),
-        "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
-        "--seed", str(ctx.config.seed),
+        "vllm",
+        "serve",
+        ctx.layout.model,
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(inst.port),
+        "--tensor-parallel-size",
+        str(inst.tp),
+        "--max-model-len",
+        str(max_model_len(ctx)),
+        "--gpu-memory-utilization",
+        str(opts.gpu_memory_utilization),
+        "--seed",
+        str(ctx.config.seed),
         # The client sets every sampling parameter; the checkpoint's generation_config must not change them.
-        "--generation-config", "vllm",
+        "--generation-config",
+        "vllm",
         *hybrid_vllm_flags(ctx.preset),
-    ]  # fmt: skip
+    ]
     return Command(f"server-{inst.index}", tuple(argv), env=inst.env(), gpus=inst.gpus, port=inst.port)
 
 
@@ -76,19 +97,35 @@ def input_rows(ctx: StageContext) -> str:
 
 def argv(ctx: StageContext) -> list[str]:
     opts = ctx.config.regen
-    out = kit_argv(ctx, NAME, "regen", [
-        "--commands", ctx.layout.at("stages", "regen.commands.json"),
-        "--input", input_rows(ctx),
-        "--output-dir", ctx.layout.at("regen"),
-        "--model", SERVED_NAME,
-        "--max-tokens", str(max_tokens(ctx)),
-        "--temperature", str(opts.temperature),
-        "--seed", str(ctx.config.seed),
-        "--concurrency", str(opts.concurrency),
-        "--max-retries", str(opts.max_retries),
-        "--request-timeout", str(opts.request_timeout_s),
-        "--startup-timeout", str(opts.startup_timeout_s),
-    ])  # fmt: skip
+    out = kit_argv(
+        ctx,
+        NAME,
+        "regen",
+        [
+            "--commands",
+            ctx.layout.at("stages", "regen.commands.json"),
+            "--input",
+            input_rows(ctx),
+            "--output-dir",
+            ctx.layout.at("regen"),
+            "--model",
+            SERVED_NAME,
+            "--max-tokens",
+            str(max_tokens(ctx)),
+            "--temperature",
+            str(opts.temperature),
+            "--seed",
+            str(ctx.config.seed),
+            "--concurrency",
+            str(opts.concurrency),
+            "--max-retries",
+            str(opts.max_retries),
+            "--request-timeout",
+            str(opts.request_timeout_s),
+            "--startup-timeout",
+            str(opts.startup_timeout_s),
+        ],
+    )
     if ctx.config.data.max_rows:
         out += ["--max-rows", str(ctx.config.data.max_rows)]
     return out

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
-from draftscope.jsonio import JsonlAppender, atomic_write_json, repair_tail
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, repair_tail
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
@@ -89,8 +89,12 @@ def read_rows(path: Path, max_rows: int | None = None) -> list[Row]:
         try:
             lines = list(enumerate(handle, 1))
         except UnicodeDecodeError as exc:
-            raise UserError(f"not UTF-8 text (byte {exc.start} of a line)", source=str(path), field="data.chat",
-                            fix="convert the file to UTF-8") from None  # fmt: skip
+            raise UserError(
+                f"not UTF-8 text (byte {exc.start} of a line)",
+                source=str(path),
+                field="data.chat",
+                fix="convert the file to UTF-8",
+            ) from None
         for number, line in lines:
             if not line.strip():
                 continue
@@ -136,9 +140,10 @@ def ids_in(path: Path) -> Iterator[str]:
                 yield str(json.loads(line)["id"])
             except (ValueError, KeyError, TypeError):
                 raise UserError(
-                    f"line {number} is not a regen record", source=str(path),
+                    f"line {number} is not a regen record",
+                    source=str(path),
                     fix="move the file away to regenerate from scratch",
-                ) from None  # fmt: skip
+                ) from None
 
 
 def done_ids(rows_file: Path, wanted: set[str]) -> set[str]:
@@ -147,9 +152,10 @@ def done_ids(rows_file: Path, wanted: set[str]) -> set[str]:
     for row_id in ids_in(rows_file):
         if row_id in done:
             raise UserError(
-                f"row {row_id!r} is in the output twice", source=str(rows_file),
+                f"row {row_id!r} is in the output twice",
+                source=str(rows_file),
                 fix="remove the duplicate line (the file was changed outside the kit)",
-            )  # fmt: skip
+            )
         done.add(row_id)
     stray = done - wanted
     if stray:
@@ -187,8 +193,16 @@ def backoff(attempt: int, rng: random.Random) -> float:
     return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt) * (0.5 + rng.random() / 2)
 
 
-def complete(url: str, body: dict[str, Any], *, timeout: float, max_retries: int, stop: threading.Event,
-             rng: random.Random, on_retry: Callable[[], None] = lambda: None) -> tuple[dict[str, Any], int]:  # fmt: skip
+def complete(
+    url: str,
+    body: dict[str, Any],
+    *,
+    timeout: float,
+    max_retries: int,
+    stop: threading.Event,
+    rng: random.Random,
+    on_retry: Callable[[], None] = lambda: None,
+) -> tuple[dict[str, Any], int]:
     """POST a chat completion with retries; returns (response, attempts) or raises RowFailed."""
     from draftscope.pipeline.servers import HttpError, request, retryable
 
@@ -231,9 +245,19 @@ def output_row(row: Row, response: dict[str, Any], instance: int, attempts: int)
     return out
 
 
-def regenerate(rows: Sequence[Row], urls: Sequence[str], sampling: Sampling, out_dir: Path, *,
-               concurrency: int, max_retries: int, timeout: float, seed: int = 0,
-               say: Callable[[str], None] = print, check: Callable[[], None] = lambda: None) -> Tally:  # fmt: skip
+def regenerate(
+    rows: Sequence[Row],
+    urls: Sequence[str],
+    sampling: Sampling,
+    out_dir: Path,
+    *,
+    concurrency: int,
+    max_retries: int,
+    timeout: float,
+    seed: int = 0,
+    say: Callable[[str], None] = print,
+    check: Callable[[], None] = lambda: None,
+) -> Tally:
     """Send every pending row to its instance; append results and errors as they come."""
     rows_file, errors_file = out_dir / "rows.jsonl", out_dir / "errors.jsonl"
     lock = threading.Lock()
@@ -252,14 +276,28 @@ def regenerate(rows: Sequence[Row], urls: Sequence[str], sampling: Sampling, out
                 tally.retries += 1
 
         try:
-            response, attempts = complete(urls[instance], sampling.body(row.prompt()), timeout=timeout,
-                                          max_retries=max_retries, stop=stop, rng=rng, on_retry=retried)  # fmt: skip
+            response, attempts = complete(
+                urls[instance],
+                sampling.body(row.prompt()),
+                timeout=timeout,
+                max_retries=max_retries,
+                stop=stop,
+                rng=rng,
+                on_retry=retried,
+            )
         except RowFailed as exc:
             if stop.is_set():
                 return  # interrupted: not an error of the row; the next attempt sends it again
             with lock:
-                errors.append({"id": row.id, "instance": instance, "status": exc.status,
-                               "attempts": exc.attempts, "error": str(exc)})  # fmt: skip
+                errors.append(
+                    {
+                        "id": row.id,
+                        "instance": instance,
+                        "status": exc.status,
+                        "attempts": exc.attempts,
+                        "error": str(exc),
+                    }
+                )
                 tally.errors += 1
             return
         record = output_row(row, response, instance, attempts)
@@ -353,15 +391,26 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     kept = rotate_errors(out_dir / "errors.jsonl")
     pending = [r for r in rows if r.id not in done]
     sampling = Sampling(args.model, args.max_tokens, args.temperature, args.seed)
-    print(f"regen: {len(rows)} rows, {len(done)} done before, {len(pending)} to send"
-          + (f" (previous errors kept in {kept.name})" if kept else ""), flush=True)  # fmt: skip
+    print(
+        f"regen: {len(rows)} rows, {len(done)} done before, {len(pending)} to send"
+        + (f" (previous errors kept in {kept.name})" if kept else ""),
+        flush=True,
+    )
     tally = Tally()
     if pending:
         with serving(commands, logs=logs, stage="regen", startup_timeout=args.startup_timeout) as group:
             urls = [url_of(c) for c in group.commands]
-            tally = regenerate(pending, urls, sampling, out_dir, concurrency=args.concurrency,
-                               max_retries=args.max_retries, timeout=args.request_timeout, seed=args.seed,
-                               check=group.check_alive)  # fmt: skip
+            tally = regenerate(
+                pending,
+                urls,
+                sampling,
+                out_dir,
+                concurrency=args.concurrency,
+                max_retries=args.max_retries,
+                timeout=args.request_timeout,
+                seed=args.seed,
+                check=group.check_alive,
+            )
     else:
         urls = [url_of(c) for c in commands if c.port is not None]
     ok, errors, missing = account(rows, out_dir)
@@ -390,11 +439,18 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     )
     if missing:
         shown = ", ".join(missing[:MISSING_SHOWN]) + (" …" if len(missing) > MISSING_SHOWN else "")
-        raise UserError(f"{len(missing)} row(s) have neither a reply nor an error: {shown}",
-                        fix="rerun the stage; it resumes by row id")  # fmt: skip
+        raise UserError(
+            f"{len(missing)} row(s) have neither a reply nor an error: {shown}",
+            fix="rerun the stage; it resumes by row id",
+        )
     if rows and not ok:  # (a shard can be empty: fewer rows than shards)
         raise UserError(
             f"every row failed; see {out_dir / 'errors.jsonl'}", fix="read the server logs in logs/"
         )
-    return {"input": len(rows), "ok": len(ok), "errors": len(errors), "retries": tally.retries,
-            "resumed": len(done)}  # fmt: skip
+    return {
+        "input": len(rows),
+        "ok": len(ok),
+        "errors": len(errors),
+        "retries": tally.retries,
+        "resumed": len(done),
+    }

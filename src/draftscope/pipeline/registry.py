@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline import bench, convert, hsextract, prepare, pretokenize, regen, serve, train
 from draftscope.pipeline.base import Stage
 

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftscope import images
-from draftscope.errors import UserError
-from draftscope.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.bench.plan import CACHE_MOUNT, CREDENTIALS, Mount, Step, hub_cache_dir
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.core.provenance import command_line, kit_info, now
+from draftscope.ops import images
 from draftscope.pipeline import state
 from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, StageContext, hub_snapshot
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
-from draftscope.plan import CACHE_MOUNT, CREDENTIALS, Mount, Step, hub_cache_dir
-from draftscope.provenance import command_line, kit_info, now
 from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime
 
 Printer = Callable[[str], None]
@@ -61,8 +61,18 @@ def fetch_step(plan: PipelinePlan) -> Step | None:
     cache = hub_cache_dir()
     if Path(hub_snapshot(str(cache), preset.hub.repo, preset.hub.revision)).is_dir():
         return None
-    argv = ("python", "-m", "draftscope", "fetch", "--cache", CACHE_MOUNT, "--repo", preset.hub.repo,
-            "--revision", preset.hub.revision)  # fmt: skip
+    argv = (
+        "python",
+        "-m",
+        "draftscope",
+        "fetch",
+        "--cache",
+        CACHE_MOUNT,
+        "--repo",
+        preset.hub.repo,
+        "--revision",
+        preset.hub.revision,
+    )
     return Step(
         name="fetch",
         image=images.STEP_IMAGES["fetch"],
@@ -81,7 +91,7 @@ def _produced_by_earlier(path: Path, produced: list[Path]) -> bool:
 def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) -> None:
     """Everything that can be refused before anything is written: unpinned targets, missing inputs (external,
     or produced by a stage that is neither selected nor completed), GPU stages without a GPU, missing images."""
-    from draftscope.doctor import nvidia_gpus_present
+    from draftscope.ops.doctor import nvidia_gpus_present
 
     ctx = plan.context
     preset = plan.preset
@@ -93,7 +103,7 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
         from draftscope.tiny.assets import require_files
 
         require_files(preset)
-    from draftscope.platforms import stage_refusal
+    from draftscope.core.platforms import stage_refusal
 
     for sp in plan.stages:
         reason = not_built(sp, ctx) or stage_refusal(sp.stage.name, uses_engine=preset.source != "kit")
@@ -244,8 +254,14 @@ def workdir_lock(workdir: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def run_pipeline(plan: PipelinePlan, runtime: Runtime, *, force: bool = False, argv: list[str] | None = None,
-                 say: Printer = print) -> list[StageOutcome]:  # fmt: skip
+def run_pipeline(
+    plan: PipelinePlan,
+    runtime: Runtime,
+    *,
+    force: bool = False,
+    argv: list[str] | None = None,
+    say: Printer = print,
+) -> list[StageOutcome]:
     preflight(plan, runtime)
     with workdir_lock(plan.workdir):
         try:
@@ -262,8 +278,9 @@ def run_pipeline(plan: PipelinePlan, runtime: Runtime, *, force: bool = False, a
             ) from None
 
 
-def _run_locked(plan: PipelinePlan, runtime: Runtime, *, force: bool, argv: list[str] | None,
-                say: Printer) -> list[StageOutcome]:  # fmt: skip
+def _run_locked(
+    plan: PipelinePlan, runtime: Runtime, *, force: bool, argv: list[str] | None, say: Printer
+) -> list[StageOutcome]:
     write_frozen_config(plan, argv if argv is not None else sys.argv)
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
     outcomes: list[StageOutcome] = []
@@ -282,9 +299,18 @@ def _run_locked(plan: PipelinePlan, runtime: Runtime, *, force: bool, argv: list
     return outcomes
 
 
-def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context, *, force: bool,
-              say: Printer, execute: Callable[[Step, Context], Outcome] | None = None,
-              extra: Mapping[str, Any] | None = None, preconditions: bool = True) -> StageOutcome:  # fmt: skip
+def run_stage(
+    plan: PipelinePlan,
+    sp: StagePlan,
+    runtime: Runtime,
+    ctx: Context,
+    *,
+    force: bool,
+    say: Printer,
+    execute: Callable[[Step, Context], Outcome] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    preconditions: bool = True,
+) -> StageOutcome:
     """Run one stage unless its record lets it be skipped, and record how it ended. `execute` replaces
     `runtime.run` (the Slurm executor: a job array's shards merged, Slurm's stop classified), `extra` adds
     fields to the record (the Slurm job), `preconditions=False` skips the inputs and free-ports check (a merge
@@ -304,8 +330,9 @@ def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context,
         stage_preconditions(sp, plan.context)
     stages_dir = plan.workdir / STAGES_DIR
     if commands:
-        atomic_write_json(stages_dir / f"{name}.commands.json", {"schema_version": 1, "stage": name,
-                                                                  "commands": commands})  # fmt: skip
+        atomic_write_json(
+            stages_dir / f"{name}.commands.json", {"schema_version": 1, "stage": name, "commands": commands}
+        )
     result_file = stages_dir / f"{name}.result.json"
     result_file.unlink(missing_ok=True)
     say(f"{name}: running in {sp.step.image if runtime.name != 'local' else 'this environment'}")
@@ -347,7 +374,7 @@ def run_stage(plan: PipelinePlan, sp: StagePlan, runtime: Runtime, ctx: Context,
 
 def _check_outputs(sp: StagePlan) -> str | None:
     """Every declared output exists and every schema'd one validates; the first problem, else None."""
-    from draftscope.schema import problems
+    from draftscope.core.schema import problems
 
     absent = state.missing(sp.outputs)
     if absent:

@@ -53,20 +53,32 @@ def context_length(ctx: StageContext) -> int:
 def sglang_command(ctx: StageContext, inst) -> Command:
     opts = ctx.config.serve
     argv = [
-        "python", "-m", "sglang.launch_server",
-        "--model-path", ctx.layout.model,
-        "--tp-size", str(inst.tp),
-        "--host", "127.0.0.1",
-        "--port", str(inst.port),
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        ctx.layout.model,
+        "--tp-size",
+        str(inst.tp),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(inst.port),
         "--enable-metrics",
-        "--mem-fraction-static", str(opts.mem_fraction_static),
-        "--context-length", str(context_length(ctx)),
-        "--max-running-requests", str(opts.max_running_requests),
+        "--mem-fraction-static",
+        str(opts.mem_fraction_static),
+        "--context-length",
+        str(context_length(ctx)),
+        "--max-running-requests",
+        str(opts.max_running_requests),
         "--disable-radix-cache",
-        "--random-seed", str(ctx.config.seed),
-        "--speculative-algorithm", algorithm(ctx),
-        "--speculative-draft-model-path", ctx.layout.at("draft"),
-    ]  # fmt: skip
+        "--random-seed",
+        str(ctx.config.seed),
+        "--speculative-algorithm",
+        algorithm(ctx),
+        "--speculative-draft-model-path",
+        ctx.layout.at("draft"),
+    ]
     if ctx.config.draft == "dspark":
         argv += ["--speculative-dspark-block-size", str(draft_tokens(ctx))]
     else:
@@ -79,13 +91,23 @@ def commands(ctx: StageContext) -> list[Command]:
 
 
 def argv(ctx: StageContext) -> list[str]:
-    return kit_argv(ctx, NAME, "serve", [
-        "--commands", ctx.layout.at("stages", "serve.commands.json"),
-        "--plan", ctx.layout.at("serve", "plan.json"),
-        "--algorithm", algorithm(ctx),
-        "--draft-path", ctx.layout.at("draft"),
-        "--startup-timeout", str(ctx.config.serve.startup_timeout_s),
-    ])  # fmt: skip
+    return kit_argv(
+        ctx,
+        NAME,
+        "serve",
+        [
+            "--commands",
+            ctx.layout.at("stages", "serve.commands.json"),
+            "--plan",
+            ctx.layout.at("serve", "plan.json"),
+            "--algorithm",
+            algorithm(ctx),
+            "--draft-path",
+            ctx.layout.at("draft"),
+            "--startup-timeout",
+            str(ctx.config.serve.startup_timeout_s),
+        ],
+    )
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:

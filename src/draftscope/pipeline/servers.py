@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline.base import Command
 
 HOST = "127.0.0.1"
@@ -40,7 +40,7 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429})
 
 def load_commands(path: str | Path) -> list[Command]:
     """The commands file the host wrote for this stage."""
-    from draftscope.jsonio import read_json
+    from draftscope.core.jsonio import read_json
 
     data = read_json(Path(path))
     try:
@@ -165,8 +165,16 @@ class Running:
 class ServerGroup:
     """Start servers, wait for health, always stop them. Use as a context manager."""
 
-    def __init__(self, commands: Sequence[Command], *, logs: Path, stage: str, startup_timeout: float,
-                 health_path: str = "/health", say=print) -> None:  # fmt: skip
+    def __init__(
+        self,
+        commands: Sequence[Command],
+        *,
+        logs: Path,
+        stage: str,
+        startup_timeout: float,
+        health_path: str = "/health",
+        say=print,
+    ) -> None:
         self.commands = servers_of(commands)
         self.logs = logs
         self.stage = stage
@@ -277,16 +285,30 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def serving(commands: Sequence[Command], *, logs: Path, stage: str, startup_timeout: float,
-            health_path: str = "/health", say=print) -> Iterator[ServerGroup]:  # fmt: skip
-    group = ServerGroup(commands, logs=logs, stage=stage, startup_timeout=startup_timeout,
-                        health_path=health_path, say=say)  # fmt: skip
+def serving(
+    commands: Sequence[Command],
+    *,
+    logs: Path,
+    stage: str,
+    startup_timeout: float,
+    health_path: str = "/health",
+    say=print,
+) -> Iterator[ServerGroup]:
+    group = ServerGroup(
+        commands, logs=logs, stage=stage, startup_timeout=startup_timeout, health_path=health_path, say=say
+    )
     with group:
         yield group
 
 
-def run_clients(commands: Sequence[Command], *, logs: Path, stage: str, group: ServerGroup | None = None,
-                poll: float = 1.0) -> dict[str, int]:  # fmt: skip
+def run_clients(
+    commands: Sequence[Command],
+    *,
+    logs: Path,
+    stage: str,
+    group: ServerGroup | None = None,
+    poll: float = 1.0,
+) -> dict[str, int]:
     """Run client commands side by side to completion (their output in logs/); exit codes by name. A server
     that dies meanwhile stops the clients and fails the stage."""
     procs: list[tuple[Command, subprocess.Popen]] = []
@@ -294,9 +316,18 @@ def run_clients(commands: Sequence[Command], *, logs: Path, stage: str, group: S
     try:
         for command in clients_of(commands):
             with (logs / f"{stage}.{command.name}.log").open("ab") as out:
-                procs.append((command, subprocess.Popen(process_argv(command.argv), stdout=out,
-                                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                       env=process_env(command))))  # fmt: skip
+                procs.append(
+                    (
+                        command,
+                        subprocess.Popen(
+                            process_argv(command.argv),
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            env=process_env(command),
+                        ),
+                    )
+                )
         while any(p.poll() is None for _, p in procs):
             if group is not None:
                 group.check_alive()

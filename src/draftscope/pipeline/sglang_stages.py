@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.pipeline import servers
 from draftscope.pipeline.base import Command
 
@@ -74,18 +74,25 @@ def _common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--commands", required=True, help="the stage's commands file (stages/<stage>.commands.json)"
     )
-    p.add_argument("--algorithm", choices=ALGORITHMS, default=None,
-                   help="SGLang's --speculative-algorithm (default: read from the server argv)")  # fmt: skip
-    p.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
-                   help="seconds each instance has to answer /health")  # fmt: skip
+    p.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default=None,
+        help="SGLang's --speculative-algorithm (default: read from the server argv)",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=DEFAULT_STARTUP_TIMEOUT_S,
+        help="seconds each instance has to answer /health",
+    )
     p.add_argument("--logs", default=None, help="server logs (default: <dir of --commands>/../logs)")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     _common_arguments(p)
     p.add_argument("--plan", required=True, help="where to write serve/plan.json (schema stage-serve)")
-    p.add_argument("--draft-path", default=None,
-                   help="the draft folder (default: read from the server argv)")  # fmt: skip
+    p.add_argument("--draft-path", default=None, help="the draft folder (default: read from the server argv)")
     p.add_argument("--hold", action="store_true", help="keep serving until SIGINT/SIGTERM")
 
 
@@ -94,8 +101,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, help="the prompt file (schema prompts)")
     p.add_argument("--output", required=True, help="where to write bench/bench.json (schema stage-bench)")
     p.add_argument("--draft", choices=DRAFTS, required=True)
-    p.add_argument("--draft-tokens", type=int, default=None,
-                   help="DFLASH: the block size B; DSPARK: gamma (drafted tokens per step)")  # fmt: skip
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=None,
+        help="DFLASH: the block size B; DSPARK: gamma (drafted tokens per step)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight per instance")
@@ -111,8 +122,13 @@ def serve_main(args: argparse.Namespace) -> dict[str, Any]:
     draft_path = args.draft_path or _argv_value(commands[0].argv, "--speculative-draft-model-path") or ""
     plan_path = Path(args.plan)
     speculating = 0
-    with servers.serving(commands, logs=_logs_dir(args), stage="serve", startup_timeout=args.startup_timeout,
-                         health_path=HEALTH_PATH) as group:  # fmt: skip
+    with servers.serving(
+        commands,
+        logs=_logs_dir(args),
+        stage="serve",
+        startup_timeout=args.startup_timeout,
+        health_path=HEALTH_PATH,
+    ) as group:
         for index, run in enumerate(group.running):
             meta = _smoke(group, index)
             speculating += 1
@@ -211,15 +227,22 @@ def bench_main(args: argparse.Namespace) -> dict[str, Any]:
     rows_path = output.parent / "requests.jsonl"
     rows_path.unlink(missing_ok=True)  # a rerun measures again from scratch
 
-    from draftscope.jsonio import JsonlAppender
+    from draftscope.core.jsonio import JsonlAppender
 
     with (
-        servers.serving(commands, logs=_logs_dir(args), stage="bench", startup_timeout=args.startup_timeout,
-                        health_path=HEALTH_PATH) as group,
+        servers.serving(
+            commands,
+            logs=_logs_dir(args),
+            stage="bench",
+            startup_timeout=args.startup_timeout,
+            health_path=HEALTH_PATH,
+        ) as group,
         JsonlAppender(rows_path) as sink,
-    ):  # fmt: skip
-        print(f"bench: {len(jobs)} request(s) over {len(group.running)} instance(s), "
-              f"concurrency {args.concurrency} each")  # fmt: skip
+    ):
+        print(
+            f"bench: {len(jobs)} request(s) over {len(group.running)} instance(s), "
+            f"concurrency {args.concurrency} each"
+        )
         rows = _run_jobs(group, jobs, args.max_new_tokens, args.concurrency, sink.append)
         scraped = [_scrape(group, i) for i in range(len(group.running))]
         urls = group.urls
@@ -228,14 +251,16 @@ def bench_main(args: argparse.Namespace) -> dict[str, Any]:
     for index, url in enumerate(urls):
         mine = [r for r in rows if r["instance"] == index]
         server_avg, metrics = scraped[index]
-        instances.append({
-            "index": index,
-            "url": url,
-            "requests": len(mine),
-            "mean_accept_length": _mean_accept_length(mine),
-            "server_avg_accept_length": server_avg,
-            "metrics": metrics,
-        })  # fmt: skip
+        instances.append(
+            {
+                "index": index,
+                "url": url,
+                "requests": len(mine),
+                "mean_accept_length": _mean_accept_length(mine),
+                "server_avg_accept_length": server_avg,
+                "metrics": metrics,
+            }
+        )
     mean = _mean_accept_length(rows)
     result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -262,8 +287,10 @@ def bench_main(args: argparse.Namespace) -> dict[str, Any]:
     if drafted is not None:
         result["draft_tokens_per_step"] = drafted
     _write_checked(output, result, "stage-bench")
-    print(f"bench: mean accept length {_fmt(mean)}, accept rate {_fmt(result['accept_rate'])} "
-          f"over {len(rows)} request(s); results in {output}")  # fmt: skip
+    print(
+        f"bench: mean accept length {_fmt(mean)}, accept rate {_fmt(result['accept_rate'])} "
+        f"over {len(rows)} request(s); results in {output}"
+    )
     counts: dict[str, Any] = {"requests": len(rows), "instances": len(instances)}
     for key in ("mean_accept_length", "accept_rate"):
         if result[key] is not None:
@@ -271,12 +298,19 @@ def bench_main(args: argparse.Namespace) -> dict[str, Any]:
     return counts
 
 
-def _run_jobs(group: servers.ServerGroup, jobs: Sequence[_Job], max_new_tokens: int, concurrency: int,
-              sink: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:  # fmt: skip
+def _run_jobs(
+    group: servers.ServerGroup,
+    jobs: Sequence[_Job],
+    max_new_tokens: int,
+    concurrency: int,
+    sink: Callable[[dict[str, Any]], None],
+) -> list[dict[str, Any]]:
     """Run the jobs, `concurrency` in flight per instance; each row goes to `sink` as it arrives. The first
     failure cancels what has not started and fails the stage."""
-    pools = [ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"bench-{i}")
-             for i in range(len(group.running))]  # fmt: skip
+    pools = [
+        ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=f"bench-{i}")
+        for i in range(len(group.running))
+    ]
     rows: list[dict[str, Any]] = []
     try:
         futures: dict[Future, _Job] = {
@@ -294,8 +328,12 @@ def _run_jobs(group: servers.ServerGroup, jobs: Sequence[_Job], max_new_tokens: 
 
 def _one_request(group: servers.ServerGroup, job: _Job, max_new_tokens: int) -> dict[str, Any]:
     started = time.monotonic()
-    reply = _post_with_retries(group, job.instance, _chat_body(list(job.messages), max_new_tokens),
-                               what=f"prompt '{job.prompt_id}' (repeat {job.repeat})")  # fmt: skip
+    reply = _post_with_retries(
+        group,
+        job.instance,
+        _chat_body(list(job.messages), max_new_tokens),
+        what=f"prompt '{job.prompt_id}' (repeat {job.repeat})",
+    )
     name = group.running[job.instance].command.name
     meta = _meta_info(reply, what=f"{name}'s reply to prompt '{job.prompt_id}'")
     completion = meta.get("completion_tokens")
@@ -337,8 +375,11 @@ def _mean_accept_length(rows: Sequence[dict[str, Any]]) -> float | None:
 def _accept_rate(rows: Sequence[dict[str, Any]], mean: float | None, drafted: int | None) -> float | None:
     """Accepted drafted tokens / drafted tokens (see the module docstring)."""
     counted = [r for r in rows if r.get("spec_verify_ct")]
-    if counted and all(isinstance(r.get("spec_num_proposed_drafts"), int) and
-                       isinstance(r.get("spec_num_correct_drafts"), int) for r in counted):  # fmt: skip
+    if counted and all(
+        isinstance(r.get("spec_num_proposed_drafts"), int)
+        and isinstance(r.get("spec_num_correct_drafts"), int)
+        for r in counted
+    ):
         proposed = sum(r["spec_num_proposed_drafts"] for r in counted)
         if proposed > 0:
             return sum(r["spec_num_correct_drafts"] for r in counted) / proposed
@@ -409,16 +450,20 @@ def _escape(value: str) -> str:
 
 
 def _load_prompts(path: str) -> list[dict[str, Any]]:
-    from draftscope.jsonio import read_json
-    from draftscope.schema import check
+    from draftscope.core.jsonio import read_json
+    from draftscope.core.schema import check
 
     data = read_json(Path(path))
     check(data, "prompts", path)
     ids = [p["id"] for p in data["prompts"]]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
-        raise UserError(f"duplicate prompt ids {duplicates}", source=path, field="prompts[].id",
-                        fix="give every prompt a unique id")  # fmt: skip
+        raise UserError(
+            f"duplicate prompt ids {duplicates}",
+            source=path,
+            field="prompts[].id",
+            fix="give every prompt a unique id",
+        )
     return data["prompts"]
 
 
@@ -528,14 +573,16 @@ def _logs_dir(args: argparse.Namespace) -> Path:
 
 def _write_checked(path: Path, obj: dict[str, Any], schema: str) -> None:
     """Validate, then write atomically: an invalid file is never written."""
-    from draftscope.jsonio import atomic_write_json
-    from draftscope.schema import problems
+    from draftscope.core.jsonio import atomic_write_json
+    from draftscope.core.schema import problems
 
     found = problems(obj, schema)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise UserError(f"the result does not validate against {schema}: {found[0].render(str(path))}{more}",
-                        source=str(path))  # fmt: skip
+        raise UserError(
+            f"the result does not validate against {schema}: {found[0].render(str(path))}{more}",
+            source=str(path),
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, obj)
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftscope.jsonio import atomic_write_json, read_json, sha256_file
+from draftscope.core.jsonio import atomic_write_json, read_json, sha256_file
+from draftscope.core.schema import check, problems
 from draftscope.pipeline.base import STAGES_DIR, Artifact
-from draftscope.schema import check, problems
 
 SMALL_FILE = 16 * 1024 * 1024
 RECORD_SCHEMA = "stage-record"

@@ -45,8 +45,9 @@ class TinyChatModel:
         self.stop_ids = {i for i in (end, self.tokenizer.eos_token_id) if isinstance(i, int) and i >= 0}
         self.lock = threading.Lock()
 
-    def chat(self, messages: list[dict[str, Any]], *, max_tokens: int, temperature: float, seed: int | None
-             ) -> tuple[str, str, int, int]:  # fmt: skip
+    def chat(
+        self, messages: list[dict[str, Any]], *, max_tokens: int, temperature: float, seed: int | None
+    ) -> tuple[str, str, int, int]:
         """(text, finish_reason, prompt tokens, completion tokens)."""
         torch = self.torch
         encoded = self.tokenizer.apply_chat_template(
@@ -139,8 +140,10 @@ def make_handler(model: TinyChatModel, served: str) -> type[BaseHTTPRequestHandl
             if self.path == "/health":
                 self.send_json(200, {})
             elif self.path == "/v1/models":
-                self.send_json(200, {"object": "list", "data": [{"id": served, "object": "model",
-                                                                  "owned_by": "draftscope"}]})  # fmt: skip
+                self.send_json(
+                    200,
+                    {"object": "list", "data": [{"id": served, "object": "model", "owned_by": "draftscope"}]},
+                )
             else:
                 self.error(HTTPStatus.NOT_FOUND, f"no route {self.path}")
 
@@ -161,16 +164,27 @@ def make_handler(model: TinyChatModel, served: str) -> type[BaseHTTPRequestHandl
             except (ValueError, TypeError) as exc:
                 self.error(HTTPStatus.BAD_REQUEST, str(exc))
                 return
-            self.send_json(200, {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": served,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": finish}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
-            })  # fmt: skip
+            self.send_json(
+                200,
+                {
+                    "id": f"chatcmpl-{uuid.uuid4().hex}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": served,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": text},
+                            "finish_reason": finish,
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                },
+            )
 
     return Handler
 

@@ -56,26 +56,45 @@ def trainer_args(ctx: StageContext) -> list[str]:
     draft = config.draft
     loss_fn, position_weight = LOSS[draft]
     args = [
-        "--verifier-name-or-path", ctx.layout.model,
-        "--speculator-type", draft,
-        "--data-path", ctx.layout.at("prepare"),
-        "--hidden-states-backend", "file",
-        "--hidden-states-path", ctx.layout.at("hidden_states"),
-        "--on-missing", "raise",
-        "--save-path", ctx.layout.at("checkpoints"),
-        "--log-dir", ctx.layout.at("train", "logs"),
-        "--seed", str(config.seed),
-        "--total-seq-len", str(config.prepare.seq_length or preset.training.seq_length),
-        "--hidden-states-dtype", opts.hidden_states_dtype,
-        "--num-layers", str(preset.dflash.num_draft_layers),
-        "--target-layer-ids", *map(str, speculators_layer_ids(preset)),
-        "--block-size", str(preset.dflash.block_size),
-        "--max-anchors", str(preset.training.max_anchors),
-        "--dflash-decay-gamma", str(preset.dflash.decay_gamma),
-        "--loss-fn", loss_fn,
-        "--per-position-loss-weight", position_weight,
-        "--sliding-window", str(opts.sliding_window),
-    ]  # fmt: skip
+        "--verifier-name-or-path",
+        ctx.layout.model,
+        "--speculator-type",
+        draft,
+        "--data-path",
+        ctx.layout.at("prepare"),
+        "--hidden-states-backend",
+        "file",
+        "--hidden-states-path",
+        ctx.layout.at("hidden_states"),
+        "--on-missing",
+        "raise",
+        "--save-path",
+        ctx.layout.at("checkpoints"),
+        "--log-dir",
+        ctx.layout.at("train", "logs"),
+        "--seed",
+        str(config.seed),
+        "--total-seq-len",
+        str(config.prepare.seq_length or preset.training.seq_length),
+        "--hidden-states-dtype",
+        opts.hidden_states_dtype,
+        "--num-layers",
+        str(preset.dflash.num_draft_layers),
+        "--target-layer-ids",
+        *map(str, speculators_layer_ids(preset)),
+        "--block-size",
+        str(preset.dflash.block_size),
+        "--max-anchors",
+        str(preset.training.max_anchors),
+        "--dflash-decay-gamma",
+        str(preset.dflash.decay_gamma),
+        "--loss-fn",
+        loss_fn,
+        "--per-position-loss-weight",
+        position_weight,
+        "--sliding-window",
+        str(opts.sliding_window),
+    ]
     if preset.dflash.mask_token_id is not None:
         args += ["--mask-token-id", str(preset.dflash.mask_token_id)]
     if draft == "dflash2":
@@ -83,23 +102,31 @@ def trainer_args(ctx: StageContext) -> list[str]:
         args += [
             "--sliding-window-non-causal",
             "--no-sample-from-anchor",
-            "--conv-kernel-size", str(d2.conv_kernel_size),
-            "--conv-group-size", str(d2.conv_group_size),
-            "--selector-rank", str(d2.selector_rank),
-            "--selector-top-k", str(d2.selector_top_k),
-            "--selector-loss-alpha", str(d2.selector_loss_alpha),
-        ]  # fmt: skip
+            "--conv-kernel-size",
+            str(d2.conv_kernel_size),
+            "--conv-group-size",
+            str(d2.conv_group_size),
+            "--selector-rank",
+            str(d2.selector_rank),
+            "--selector-top-k",
+            str(d2.selector_top_k),
+            "--selector-loss-alpha",
+            str(d2.selector_loss_alpha),
+        ]
     elif draft == "dspark":
         ds = opts.dspark
         args += [
             "--no-sliding-window-non-causal",
             _flag("sample-from-anchor", ds.sample_from_anchor),
-            "--markov-rank", str(ds.markov_rank),
-            "--markov-head-type", ds.markov_head_type,
+            "--markov-rank",
+            str(ds.markov_rank),
+            "--markov-head-type",
+            ds.markov_head_type,
             _flag("enable-confidence-head", ds.enable_confidence_head),
             _flag("confidence-head-with-markov", ds.confidence_head_with_markov),
-            "--confidence-head-alpha", str(ds.confidence_head_alpha),
-        ]  # fmt: skip
+            "--confidence-head-alpha",
+            str(ds.confidence_head_alpha),
+        ]
     else:
         args += ["--no-sliding-window-non-causal", "--no-sample-from-anchor"]
     epochs = opts.epochs or preset.training.epochs
@@ -128,10 +155,14 @@ def upstream_argv(ctx: StageContext) -> list[str]:
     if ctx.cpu:
         return ["python", "-m", "draftscope.pipeline.cpu_train", *trainer_args(ctx)]
     return [
-        "torchrun", "--standalone", "--nproc_per_node", str(len(gpus(ctx))),
-        "-m", "speculators.train",
+        "torchrun",
+        "--standalone",
+        "--nproc_per_node",
+        str(len(gpus(ctx))),
+        "-m",
+        "speculators.train",
         *trainer_args(ctx),
-    ]  # fmt: skip
+    ]
 
 
 def argv(ctx: StageContext) -> list[str]:

@@ -6,7 +6,7 @@ A runtime owns the time limit, the container's name, killing on expiry, log capt
 
 from __future__ import annotations
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 from draftscope.runtime.base import Context, Outcome, Runtime
 from draftscope.runtime.container import ContainerRuntime
 from draftscope.runtime.local import LocalRuntime

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from draftscope.plan import Step
+from draftscope.bench.plan import Step
 
 # Variables a step may receive from the host environment, by name, besides the step's own. Credentials are
 # passed by name only (their values never enter an argv, a log line the kit writes, or a manifest).
@@ -55,7 +55,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 def _host_user() -> tuple[int, int]:
-    from draftscope.platforms import host_user
+    from draftscope.core.platforms import host_user
 
     return host_user()
 

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
-from draftscope.images import image_reference
-from draftscope.plan import RUN_MOUNT, Step
+from draftscope.bench.plan import RUN_MOUNT, Step
+from draftscope.core.errors import UserError
+from draftscope.ops.images import image_reference
 from draftscope.runtime.base import (
     ENV_ALLOW,
     Context,

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from draftscope.plan import RUN_MOUNT, Step
+from draftscope.bench.plan import RUN_MOUNT, Step
 from draftscope.runtime.base import (
     ENV_ALLOW,
     Context,

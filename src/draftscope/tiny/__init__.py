@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
-from draftscope.presets import load_model_preset
+from draftscope.core.errors import UserError
+from draftscope.core.presets import load_model_preset
 from draftscope.tiny import builder
 from draftscope.tiny.assets import (
     PRESET,

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import MissingDependency, UserError
-from draftscope.jsonio import sha256_file
-from draftscope.presets import ModelPreset, load_model_preset
+from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.jsonio import sha256_file
+from draftscope.core.presets import ModelPreset, load_model_preset
 
 PRESET = "tiny"
 TARGET_DIR = "target"

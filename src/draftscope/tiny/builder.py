@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_json, sha256_file
-from draftscope.resources import examples_dir
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json, sha256_file
+from draftscope.core.resources import examples_dir
 
 log = logging.getLogger("draftscope.tiny")
 
@@ -65,7 +65,7 @@ def build(
         import torch
         import transformers
     except ImportError as exc:
-        from draftscope.errors import MissingDependency
+        from draftscope.core.errors import MissingDependency
 
         raise MissingDependency(exc.name or "torch", extra="local", image="transformers") from None
     from draftscope.tiny import corpus as corpus_mod

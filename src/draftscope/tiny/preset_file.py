@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from draftscope.config import validated
-from draftscope.errors import UserError
-from draftscope.jsonio import atomic_write_text
+from draftscope.core.config import validated
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_text
 
 
 def write_kit_model(path: Path, *, files: Mapping[str, str], measured: Mapping[str, Any]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from draftscope.errors import UserError
+from draftscope.core.errors import UserError
 
 
 def _transformers():

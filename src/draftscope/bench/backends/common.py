@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from draftscope.errors import MissingDependency
+from draftscope.core.errors import MissingDependency
 
 
 def need(module: str, *, extra: str | None = None, image: str | None = None) -> ModuleType:
@@ -31,7 +31,7 @@ def choose_dtype(requested: str, device: str, capability: tuple[int, int] | None
         return requested
     if device == "cpu":
         return "float32"
-    from draftscope.doctor import dtype_for_capability
+    from draftscope.ops.doctor import dtype_for_capability
 
     if capability is None:
         return "float16"

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from draftscope.bench.backends.common import choose_dtype, need
-from draftscope.errors import UserError
-from draftscope.presets import ExperimentConfig, ModelPreset, resolve_target
+from draftscope.core.errors import UserError
+from draftscope.core.presets import ExperimentConfig, ModelPreset, resolve_target
 
 IMAGE = "transformers"
 TIMING_SOURCE = "kit decode loop (perf_counter after each token's argmax is on the host)"
@@ -66,9 +66,15 @@ class TransformersBackend:
 
             check_dense_head(self.model)
             self.capture = Capture(head.capture) if head.capture else None
-            self.head = CertifiedHead(self.model.lm_head.weight, policy=head.policy, k=head.k,
-                                      group_size=head.group_size, out_dtype=dtype, shadow=head.shadow,
-                                      capture=self.capture)  # fmt: skip
+            self.head = CertifiedHead(
+                self.model.lm_head.weight,
+                policy=head.policy,
+                k=head.k,
+                group_size=head.group_size,
+                out_dtype=dtype,
+                shadow=head.shadow,
+                capture=self.capture,
+            )
         self.facts = {
             "backend": self.name,
             "device": device,
@@ -78,11 +84,17 @@ class TransformersBackend:
             "draft_tokens": config.draft_tokens if self.draft is not None else None,
             "timing_source": TIMING_SOURCE,
             "capability": list(capability) if capability else None,
-            "head": None if self.head is None else {
-                "policy": head.policy, "k": head.k, "group_size": head.group_size, "shadow": head.shadow,
-                "capture": head.capture, "int8_bytes": self.head.quantized.bytes_int8 if self.head.quantized else 0,
+            "head": None
+            if self.head is None
+            else {
+                "policy": head.policy,
+                "k": head.k,
+                "group_size": head.group_size,
+                "shadow": head.shadow,
+                "capture": head.capture,
+                "int8_bytes": self.head.quantized.bytes_int8 if self.head.quantized else 0,
             },
-        }  # fmt: skip
+        }
         self.config = config
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> list[int]:

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from draftscope.bench.backends.common import choose_dtype, need
-from draftscope.errors import UserError
-from draftscope.presets import ExperimentConfig, HubRef, ModelPreset, resolve_draft, resolve_target
+from draftscope.core.errors import UserError
+from draftscope.core.presets import ExperimentConfig, HubRef, ModelPreset, resolve_draft, resolve_target
 
 IMAGE = "vllm"
 PINNED_VERSION = "0.33.0"  # the release this module is written and contract-tested against

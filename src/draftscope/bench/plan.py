@@ -1,0 +1,208 @@
+"""Planning: config + preset → a Plan of Steps. Pure and torch-free; `--dry-run` prints a Plan and stops.
+
+A Step says everything a runtime needs to execute one unit of work in its image: the in-container argv,
+mounts, environment (values, and credentials passed by name only), GPUs, time limit and outputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from draftscope.core.config import to_dict
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json, sha256_file
+from draftscope.core.presets import (
+    ExperimentConfig,
+    HubRef,
+    ModelPreset,
+    load_model_preset,
+    resolve_draft,
+    resolve_target,
+)
+from draftscope.core.resources import examples_dir, repo_root
+from draftscope.core.schema import check
+from draftscope.ops import images
+
+# Paths inside the containers.
+RUN_MOUNT = "/draftscope/run"
+CACHE_MOUNT = "/draftscope/cache/huggingface"
+# Credentials are handed to containers by name (`-e NAME`), so their values never appear in an argv or a manifest.
+CREDENTIALS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# A benchmark prompt set is small; a larger file is a mistake (a dataset, a log) and would be copied into the run.
+MAX_PROMPTS_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    image: str
+    argv: tuple[str, ...]
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    env_passthrough: tuple[str, ...] = ()
+    gpus: int = 0  # 0: no GPU; -1: all GPUs; N: that many
+    ipc_host: bool = False
+    network: bool = False
+    time_limit_s: float | None = None
+    outputs: tuple[str, ...] = ()
+    output_schema: str | None = None
+
+
+@dataclass(frozen=True)
+class Download:
+    repo: str
+    revision: str | None
+    role: str
+    destination: str
+
+
+@dataclass(frozen=True)
+class Prompts:
+    path: str
+    sha256: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    experiment: ExperimentConfig
+    preset: ModelPreset
+    target: HubRef | None
+    draft: HubRef | None
+    prompts: Prompts
+    downloads: tuple[Download, ...]
+    steps: tuple[Step, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def hub_cache_dir() -> Path:
+    """Where hub downloads land on the host: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def resolve_path(path: str) -> Path:
+    """A relative path is taken from the current directory, else from the kit's checkout (examples/…)."""
+    candidate = Path(path)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    root = repo_root()
+    if root is not None and (root / candidate).exists():
+        return root / candidate
+    packaged = examples_dir().parent / candidate  # inside an installed wheel
+    return packaged if packaged.exists() else candidate
+
+
+def load_prompts(path: str) -> Prompts:
+    resolved = resolve_path(path)
+    if not resolved.is_file():
+        raise UserError(
+            "prompt file not found", field="prompts", value=path, fix="give --prompts a JSON prompt file"
+        )
+    size = resolved.stat().st_size
+    if size > MAX_PROMPTS_BYTES:
+        # Checked before reading: the file is read, hashed and copied into every run directory.
+        raise UserError(
+            f"the prompt file is {size / 2**20:.1f} MiB; the limit is {MAX_PROMPTS_BYTES // 2**20} MiB",
+            field="prompts",
+            value=path,
+            fix="benchmark a smaller prompt set (split it into several runs)",
+        )
+    data = read_json(resolved)
+    check(data, "prompts", str(resolved))
+    ids = [p["id"] for p in data["prompts"]]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise UserError(
+            f"duplicate prompt ids {duplicates}",
+            source=str(resolved),
+            field="prompts[].id",
+            fix="give every prompt a unique id",
+        )
+    return Prompts(str(resolved), sha256_file(resolved), len(ids))
+
+
+def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
+    """The steps of one benchmark: fetch the pinned weights (hub presets), then the bounded benchmark worker."""
+    preset = load_model_preset(config.model_preset)
+    target = resolve_target(config, preset)
+    draft = resolve_draft(config, preset)
+    prompts = load_prompts(config.prompts)
+    run_dir = output or f"runs/{config.name}-<timestamp>"
+    cache = hub_cache_dir()
+    notes: list[str] = []
+
+    downloads = tuple(
+        Download(ref.repo, ref.revision, role, str(cache))
+        for role, ref in (("target", target), ("draft", draft))
+        if ref is not None
+    )
+    for d in downloads:
+        if d.revision is None:
+            notes.append(
+                f"{d.role} {d.repo} is not pinned: a real run refuses it until a full commit SHA is set"
+            )
+    if preset.source == "kit":
+        notes.append(
+            f"model preset '{preset.name}' is built by the kit (invoke tiny.build); nothing is downloaded"
+        )
+    if preset.architecture.is_hybrid and config.backend == "vllm":
+        notes.append(
+            "hybrid (linear-attention) target: custom all-reduce off, mp executor (integration bug 1)"
+        )
+
+    image = images.STEP_IMAGES[f"benchmark:{config.backend}"]
+    gpus = 0 if config.device == "cpu" else -1
+    steps: list[Step] = []
+    if downloads:
+        argv = ["python", "-m", "draftscope", "fetch", "--cache", CACHE_MOUNT]
+        for d in downloads:
+            argv += ["--repo", d.repo, "--revision", d.revision or "<unpinned>"]
+        steps.append(
+            Step(
+                name="fetch",
+                image=images.STEP_IMAGES["fetch"],
+                argv=tuple(argv),
+                mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
+                env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
+                env_passthrough=CREDENTIALS,
+                network=True,
+            )
+        )
+    from draftscope.head.vllm_switch import env_for as prefix_head_env  # no torch: the switch's variables
+
+    env = {"HF_HUB_CACHE": CACHE_MOUNT, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env |= prefix_head_env(config, RUN_MOUNT)  # {} unless experimental_prefix
+    steps.append(
+        Step(
+            name="benchmark",
+            image=image,
+            argv=("python", "-m", "draftscope", "worker", "benchmark", "--run-dir", RUN_MOUNT),
+            mounts=(Mount(str(Path(run_dir)), RUN_MOUNT, read_only=False), Mount(str(cache), CACHE_MOUNT)),
+            env=MappingProxyType(env),
+            gpus=gpus,
+            ipc_host=config.backend == "vllm",  # vLLM's multi-process executor shares memory through /dev/shm
+            network=False,  # weights are local by now: the worker needs no network
+            time_limit_s=config.max_seconds,
+            outputs=("manifest.json", "records.jsonl", "summary.json"),
+            output_schema="summary",
+        )
+    )
+    return Plan(config, preset, target, draft, prompts, downloads, tuple(steps), tuple(notes))

@@ -1,0 +1,206 @@
+"""invoke tasks for analysis: `analyze`, `compare`, `reproduce` (ANALYSIS_TASKS) and `evidence.verify|add`.
+
+Thin like the rest of the command line: parse options, call `draftscope.analysis`, print. Host side: no torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from invoke import Collection, Exit, task
+
+from draftscope.cli.handler import user_errors
+from draftscope.core.errors import UserError
+
+
+def _split_runs(runs: str) -> list[str]:
+    # invoke takes a fixed number of positional values, so several runs come as one comma-separated value.
+    found = [p.strip() for p in str(runs).split(",") if p.strip()]
+    if not found:
+        raise UserError("no run directory given", field="RUNS", fix="name one or more run directories, A,B")
+    return found
+
+
+def _int(value, flag: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise UserError("expected an integer", field=flag, value=value) from None
+    if number < minimum:
+        raise UserError(f"must be at least {minimum}", field=flag, value=value)
+    return number
+
+
+@task(
+    help={
+        "runs": "run directories, comma-separated (A,B,C); a folder of run directories stands for each of them",
+        "report": "also write a report folder here (must not exist): report.md, report.html, PNG figures",
+    }
+)
+@user_errors
+def analyze(c, runs, report=None):
+    """Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
+    min–max of request and decode tok/s, acceptance length, greedy agreement); optionally write a report."""
+    from draftscope.analysis.load import load_runs
+    from draftscope.analysis.report import runs_table, write_report
+    from draftscope.cli.render import console
+
+    loaded = load_runs(_split_runs(runs))
+    out = console()
+    out.print(runs_table(loaded))
+    for run in loaded:
+        for note in run.notes:
+            out.print(f"note: {run.run_id}: {note}")
+    if report:
+        files = write_report(loaded, Path(report))
+        pngs = sum(f.suffix == ".png" for f in files)
+        out.print(f"report: {report}/report.md, {report}/report.html and {pngs} figure(s)")
+
+
+@task(
+    help={
+        "base": "the base run directory",
+        "candidate": "the candidate run directory",
+        "threshold": "admission threshold: the candidate must be faster by more than this (e.g. 1% or 0.01)",
+        "resamples": "bootstrap resamples",
+        "seed": "bootstrap seed (recorded)",
+        "allow_subset": "compare the shared prompts when the prompt sets differ (the missing ones are named)",
+        "output": "comparison file to create (default comparisons/BASE__CANDIDATE.json; never overwritten)",
+        "study": "take the frozen threshold, resamples and seed from research/studies/STUDY.yaml",
+    }
+)
+@user_errors
+def compare(
+    c, base, candidate, threshold=None, resamples=None, seed=None, allow_subset=False, output=None, study=None
+):
+    """Paired per-prompt latency ratios of CANDIDATE vs BASE, median with a bootstrap 95% CI, admission verdict,
+    A/A noise band and greedy token check; writes comparison.json and a figure."""
+    from draftscope.analysis.compare import compare_runs, default_output, summary_lines, write_comparison
+    from draftscope.analysis.load import load_run
+    from draftscope.analysis.output import refuse_existing
+    from draftscope.analysis.stats import parse_threshold
+
+    frozen = _study_admission(study, (threshold, resamples, seed)) if study else {}
+    b, cand = load_run(base), load_run(candidate)
+    if study:
+        from draftscope.analysis.evidence import check_study_inputs
+
+        check_study_inputs(frozen["protocol"], {r.run_id: r.prompts_sha256 for r in (b, cand)})
+    path = Path(output) if output else default_output(b, cand)
+    for existing in (path, path.with_suffix(".png")):
+        refuse_existing(existing, "--output")  # before any work
+    doc = compare_runs(
+        b,
+        cand,
+        threshold=frozen.get("threshold", parse_threshold(threshold or "1%")),
+        resamples=frozen.get("resamples", _int(resamples or 10_000, "--resamples", 1)),
+        seed=frozen.get("seed", _int(seed or 0, "--seed", 0)),
+        allow_subset=bool(allow_subset),
+        study=study,
+        argv=sys.argv,
+    )
+    write_comparison(doc, path)
+    print("\n".join(summary_lines(doc)))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    tokens = doc["tokens"]
+    if tokens["expected_identical"] and tokens["first_mismatch"] is not None:
+        raise Exit(code=1)
+
+
+def _study_admission(study: str, given: tuple) -> dict:
+    """The study's frozen admission rule; a conflicting command-line value would unfreeze it, so it is refused."""
+    from draftscope.analysis.evidence import load_study
+
+    if any(v is not None for v in given):
+        raise UserError(
+            "a study freezes the threshold, resamples and seed",
+            field="--study",
+            fix="drop --threshold/--resamples/--seed, or compare without --study",
+        )
+    protocol = load_study(study)
+    return {"protocol": protocol, **{k: protocol["admission"][k] for k in ("threshold", "resamples", "seed")}}
+
+
+@task(
+    positional=["run"],
+    help={
+        "run": "the completed run directory to reproduce",
+        "output": "the new run directory (must not exist)",
+        "allow_image_drift": "reproduce even if an image's ID/digest changed since the run (recorded)",
+        "comparison": "comparison file to create (default comparisons/RUN__NEW.json)",
+        "threshold": "threshold for the timing verdict (default 1%)",
+    },
+)
+@user_errors
+def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, threshold="1%"):
+    """Re-run RUN from its manifest alone (frozen config, hash-checked prompts, same runtime and images), then
+    compare: greedy token ids must be identical; timing is reported as ratios."""
+    from draftscope.analysis.compare import summary_lines
+    from draftscope.analysis.reproduce import reproduce as run_reproduction
+    from draftscope.analysis.stats import parse_threshold
+
+    if not output:
+        raise UserError(
+            "no new run directory given", field="--output", fix="add --output runs/NEW (a new path)"
+        )
+    doc, path = run_reproduction(
+        Path(run),
+        Path(output),
+        allow_image_drift=bool(allow_image_drift),
+        comparison=Path(comparison) if comparison else None,
+        threshold=parse_threshold(threshold),
+        argv=sys.argv,
+    )
+    print("\n".join(summary_lines(doc)))
+    identical = doc["reproduction"]["tokens_identical"]
+    print(f"reproduction: token ids {'identical' if identical else 'DIFFER'}; wrote {path}")
+    if not identical:
+        raise Exit(code=1)
+
+
+ANALYSIS_TASKS = [analyze, compare, reproduce]
+
+
+@task(help={"root": "the research folder (default: research/ of the checkout)"})
+@user_errors
+def verify(c, root=None):
+    """Check every hash in research/SHA256SUMS and validate every evidence artifact against its schema."""
+    from draftscope.analysis.evidence import research_dir
+    from draftscope.analysis.evidence import verify as check
+
+    folder = research_dir(root)
+    findings = check(folder)
+    for finding in findings:
+        print(finding.line())
+    failed = [f for f in findings if not f.ok]
+    if failed:
+        raise Exit(f"{folder}: {len(failed)} problem(s); first: {failed[0].file}: {failed[0].detail}", code=1)
+    print(f"{folder}: evidence verified ({len(findings)} check(s))")
+
+
+@task(
+    positional=["path"],
+    help={
+        "path": "a run directory, a comparison .json or a measurement .json (a head-bench report) to add",
+        "study": "the study it belongs to (research/studies/STUDY.yaml)",
+        "root": "the research folder (default: research/ of the checkout)",
+    },
+)
+@user_errors
+def add(c, path, study=None, root=None):
+    """Copy a run, a comparison or a measurement into research/evidence/STUDY/ without overwriting, and update
+    SHA256SUMS."""
+    from draftscope.analysis.evidence import add as add_evidence
+    from draftscope.analysis.evidence import research_dir
+
+    if not study:
+        raise UserError(
+            "no study given", field="--study", fix="add --study NAME (research/studies/NAME.yaml)"
+        )
+    folder = research_dir(root)
+    files = add_evidence(folder, Path(path), study)
+    print(f"added {len(files)} file(s) under {folder}/evidence/{study}/ and their SHA-256 to SHA256SUMS")
+
+
+ns_evidence = Collection("evidence", verify, add)

@@ -1,0 +1,36 @@
+"""`invoke demo`: the whole kit on a CPU, end to end (`make demo` sets up both environments and calls it)."""
+
+from __future__ import annotations
+
+from invoke import Exit, task
+
+from draftscope.cli.handler import user_errors
+
+
+@task(
+    help={
+        "output": "the demo folder to create (default runs/demo-<time>; never overwritten)",
+        "train_python": "python of an environment with speculators 0.9.0 for the pipeline's train stage "
+        "(default $DRAFTSCOPE_TRAIN_PYTHON; make demo uses .venv-train)",
+        "dry_run": "list the steps and their commands, and stop",
+    }
+)
+@user_errors
+def demo(c, output=None, train_python=None, dry_run=False):
+    """Baseline, speculative and prefix-head benchmarks on the tiny models, a head study, the tiny pipeline through
+    convert, validation, a report and two comparisons — then a summary. CPU only; nothing is downloaded."""
+    from pathlib import Path
+
+    from draftscope.ops import demo as D
+
+    if dry_run:
+        root = Path(output or "runs/demo-<time>")
+        for i, step in enumerate(D.steps_for_display(root, train_python or "<train python>"), 1):
+            print(f"[{i}] {step.title}\n    {Path(step.python).name} {' '.join(step.argv)}")
+        return
+    code = D.main(output=output, train_python=train_python)
+    if code:
+        raise Exit(code=code)
+
+
+DEMO_TASKS = [demo]

@@ -1,0 +1,67 @@
+"""invoke tasks for the prefix-conditioned head: `head-study` (replay captured verification calls through both
+policies) and `head-bench` (latency of dense vs coarse + refine at real shapes). Bodies live in `draftscope.head`."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from draftscope.cli.handler import user_errors
+
+
+@task(
+    name="head-bench",
+    help={
+        "device": "cpu (default) or cuda",
+        "vocab": "vocabulary sizes, comma-separated (default 151936,248320)",
+        "hidden": "hidden size (default 5120)",
+        "rows": "row counts, comma-separated (default 1,8,16)",
+        "fallback": "fallback rates to price in, comma-separated (default 0,0.1,0.45)",
+        "repeats": "timed repeats per cell (median reported; default 3 keeps a full CPU run near 5 minutes)",
+        "output": "also write the results as JSON here",
+    },
+)
+@user_errors
+def head_bench(
+    c,
+    device="cpu",
+    vocab="151936,248320",
+    hidden=5120,
+    rows="1,8,16",
+    fallback="0,0.1,0.45",
+    repeats=3,
+    output=None,
+):
+    """Dense head vs coarse INT8 + refine (+ fallback) at real shapes, side by side as ratios, with the
+    bytes-moved floor of each."""
+    from draftscope.head.bench import main
+
+    main(
+        device=device,
+        vocab=vocab,
+        hidden=int(hidden),
+        rows=rows,
+        fallback=fallback,
+        repeats=int(repeats),
+        output=output,
+    )
+
+
+@task(
+    name="head-study",
+    help={
+        "run": "a benchmark run directory made with --capture-head N",
+        "k": "candidates refined per row beyond the top 2 (default 64)",
+        "group_size": "INT8 scale group size (default: one scale per row)",
+        "output": "folder to create for study.json and the figures (default runs/head-study-<run>)",
+    },
+)
+@user_errors
+def head_study(c, run, k=64, group_size=None, output=None):
+    """Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
+    certified and uncertified rows, margins, the K that would have sufficed, ties; schema-valid JSON."""
+    from draftscope.head.study import main
+
+    main(run, k=int(k), group_size=int(group_size) if group_size else None, output=output)
+
+
+HEAD_TASKS = [head_bench, head_study]

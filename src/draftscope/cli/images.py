@@ -1,0 +1,233 @@
+"""`invoke images.*`: build, pull, push, list and lock the kit's pinned images.
+
+Thin by design: every argv comes from `draftscope.ops.images`; a task prints it, and `--dry-run` prints exactly
+the argv the task would run, then stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from invoke import Collection, Exit, task
+
+from draftscope.cli.handler import user_errors
+from draftscope.core.errors import UserError
+
+ENGINE_HELP = "container engine: docker or podman"
+
+
+def _show(argv: list[str]) -> None:
+    from draftscope.core.provenance import shell_join
+
+    print(shell_join(argv), flush=True)
+
+
+def _run(argv: list[str], root: Path, what: str) -> None:
+    from draftscope.ops import images as I
+
+    done = I.execute(argv, cwd=root)
+    if done.returncode != 0:
+        raise Exit(f"error: {what} failed: `{argv[0]} {argv[1]}` exited with {done.returncode}", code=1)
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+@task(
+    help={
+        "name": "image to build: transformers, vllm, train or sglang",
+        "cuda_arch": "vllm: CUDA architectures to build the extension for, e.g. 9.0 or '8.0;9.0'"
+        " (default: $CUDA_ARCH, else the host GPUs' compute capabilities)",
+        "base_image": "override the pinned base (e.g. localhost/debian-py:ci for the CPU test path)",
+        "torch_wheel": "transformers: a CPU torch wheel's file name in .wheels/ instead of the lock's CUDA torch",
+        "engine": ENGINE_HELP,
+        "dry_run": "print the exact build argv and stop",
+    }
+)
+@user_errors
+def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="docker", dry_run=False):
+    """Build one image from its Dockerfile: pinned base, build arguments and OCI labels, from the checkout."""
+    from draftscope.ops import images as I
+
+    root = I.repo_root()
+    lock = I.load_lock(I.lock_path(root))
+    I.lock_entry(name, lock)
+    arch = None
+    if name == "vllm":
+        arch, _ = I.detect_cuda_arch(cuda_arch, os.environ)
+    wheel = sha256 = None
+    if torch_wheel:
+        wheel, sha256 = I.torch_wheel(root, torch_wheel)
+    commit, commit_time = I.git_facts(root)
+    request = I.BuildRequest(
+        engine=engine,
+        revision=commit,
+        epoch=I.source_date_epoch(os.environ, commit_time),
+        cuda_arch=arch if name == "vllm" else cuda_arch,
+        base_image=base_image,
+        torch_wheel=wheel,
+        torch_wheel_sha256=sha256,
+    )
+    argv = I.build_argv(name, request, lock)
+    _show(argv)
+    if dry_run:
+        return
+    _warn([line for line in I.unpinned(lock) if line.startswith(f"{name}:") and not base_image])
+    if name == "transformers":
+        # Its Dockerfile bind-mounts .wheels/ (the CPU test path): the folder must exist, even empty.
+        (root / I.WHEELS_DIR).mkdir(exist_ok=True)
+    _run(argv, root, f"building image '{name}'")
+
+
+@task(help={"name": "image to pull", "engine": ENGINE_HELP, "dry_run": "print the pull argv and stop"})
+@user_errors
+def pull(c, name, engine="docker", dry_run=False):
+    """Pull a published image by its digest from images/images.lock.json (for reviewers)."""
+    from draftscope.ops import images as I
+
+    argv = I.pull_argv(name, engine, I.load_lock())
+    _show(argv)
+    if not dry_run:
+        _run(argv, I.repo_root(), f"pulling image '{name}'")
+
+
+@task(
+    help={
+        "name": "image to push",
+        "to": "destination REGISTRY/NAMESPACE/REPO[:TAG] (the tag defaults to the kit's version)",
+        "engine": ENGINE_HELP,
+        "dry_run": "print the tag and push argv and stop",
+    }
+)
+@user_errors
+def push(c, name, to, engine="docker", dry_run=False):
+    """Tag a locally built image for a registry and push it; record the pushed digest with `images.lock`."""
+    from draftscope.ops import images as I
+
+    steps = I.push_argv(name, to, engine, I.load_lock())
+    for argv in steps:
+        _show(argv)
+    if not dry_run:
+        for argv in steps:
+            _run(argv, I.repo_root(), f"pushing image '{name}'")
+
+
+@task(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})
+@user_errors
+def list_(c, engine="docker", json=False):
+    """The kit's images present locally (ID, digests, base) and what images.lock.json leaves unpinned."""
+    from draftscope.ops import images as I
+
+    lock = I.load_lock()
+    rows: list[dict[str, Any]] = []
+    for name in I.IMAGES:
+        entry = I.lock_entry(name, lock)
+        done = I.execute(I.inspect_argv(name, engine, lock), capture=True)
+        found = I.parse_inspect(done.stdout) if done.returncode == 0 else None
+        labels = (found or {}).get("labels") or {}
+        built_base = labels.get("org.opencontainers.image.base.name")
+        rows.append(
+            {
+                "name": name,
+                "reference": entry["reference"],
+                "present": found is not None,
+                "id": (found or {}).get("id"),
+                "repo_digests": (found or {}).get("repo_digests", []),
+                "base": built_base or I.base_reference(entry),
+                "base_pinned": "@sha256:" in (built_base or I.base_reference(entry)),
+                "torch_source": labels.get("io.draftscope.torch-source"),
+            }
+        )
+    problems = I.unpinned(lock)
+    if json:
+        print(_dumps({"engine": engine, "images": rows, "unpinned": problems}))
+        return
+    for row in rows:
+        state = f"{row['id']}" if row["present"] else "not built"
+        digests = f" {', '.join(row['repo_digests'])}" if row["repo_digests"] else ""
+        pinned = "" if row["base_pinned"] else " (base NOT pinned by digest)"
+        torch = f" torch from {row['torch_source']}" if row["torch_source"] else ""
+        print(f"{row['name']}: {row['reference']} {state}{digests}; base {row['base']}{pinned}{torch}")
+    for line in problems:
+        print(f"unpinned: {line}")
+
+
+@task(
+    help={
+        "tool": "how to ask the registry: buildx (docker buildx imagetools) or skopeo",
+        "check": "report what would change; write nothing",
+    }
+)
+@user_errors
+def lock(c, tool="buildx", check=False):
+    """Resolve every base's digest and the speculators release commit; rewrite images.lock.json and Dockerfiles.
+
+    Needs a machine that reaches the registries (and GitHub); run it after changing a base or a release.
+    """
+    from draftscope.core import schema
+    from draftscope.core.provenance import now
+    from draftscope.ops import images as I
+
+    root = I.repo_root()
+    path = I.lock_path(root)
+    data = I.load_lock(path)
+    changes: list[str] = []
+    for name in I.IMAGES:
+        entry = I.lock_entry(name, data)
+        reference = entry["base"]["reference"]
+        done = I.execute(I.resolve_digest_argv(reference, tool), capture=True)
+        if done.returncode != 0:
+            reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            raise UserError(
+                f"could not resolve {reference}: {reason}",
+                source=tool,
+                fix="run `invoke images.lock` on a machine that reaches the registry (logged in if it needs it)",
+            )
+        digest = I.parse_digest(tool, done.stdout)
+        if digest != entry["base"]["digest"]:
+            changes.append(f"{name}: base {reference} {entry['base']['digest']} -> {digest}")
+            entry["base"]["digest"] = digest
+    train = I.lock_entry("train", data)
+    ref = f"v{train['versions']['speculators']}"
+    done = I.execute(I.ls_remote_argv(ref), capture=True)
+    if done.returncode != 0:
+        raise UserError(
+            f"could not list the tags of {I.SPECULATORS_REPO}: {done.stderr.strip()[-200:]}",
+            source="git ls-remote",
+            fix="run `invoke images.lock` on a machine that reaches GitHub",
+        )
+    commit = I.parse_ls_remote(done.stdout, ref)
+    if commit != train["versions"].get("speculators_commit"):
+        changes.append(f"train: speculators {ref} -> {commit}")
+        train["versions"]["speculators_commit"] = commit
+    for line in changes:
+        print(line)
+    if not changes:
+        print(f"{path.name}: up to date")
+    if check or not changes:
+        return
+    data["generated_at"] = now()
+    schema.check(data, "images-lock", str(path))
+    for name in I.IMAGES:
+        dockerfile = root / "images" / name / "Dockerfile"
+        text = I.set_dockerfile_arg(
+            dockerfile.read_text(encoding="utf-8"), "BASE_IMAGE", I.base_reference(data["images"][name])
+        )
+        if name == "train":
+            text = I.set_dockerfile_arg(text, "SPECULATORS_COMMIT", commit)
+        dockerfile.write_text(text, encoding="utf-8")
+    path.write_text(_dumps(data) + "\n", encoding="utf-8")
+    print(f"wrote {path.relative_to(root)} and the Dockerfiles' pins")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2)
+
+
+ns_images = Collection("images", build, pull, push, list_, lock)

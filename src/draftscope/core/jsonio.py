@@ -1,0 +1,163 @@
+"""Durable JSON writing: atomic whole-file writes and a per-record-flushed JSON Lines appender.
+
+A reader never sees half a JSON file (temp file + fsync + rename), and a killed writer leaves every finished
+JSON Lines record readable: each record is one `write()` of one complete line, flushed and fsynced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from draftscope.core.errors import UserError
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that readers see the old or the new content, never a mix."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        # mkstemp creates 0600; artifacts are meant to be read by others (reviewers), as the umask allows.
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # Covers KeyboardInterrupt too: never leave a stray temp file behind.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, dumps(obj))
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path) -> Any:
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise UserError("file not found", source=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=str(path)
+        ) from None
+
+
+class JsonlAppender:
+    """Appends one JSON object per line; each record is flushed and fsynced before `append` returns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        # O_APPEND: each write lands at the end even if another handle wrote meanwhile.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+        end = os.fstat(self._fd).st_size
+        # One write() per record: a kill leaves either the whole line or none of it.
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):  # a full disk writes what fits
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(line)} bytes)", str(self.path))
+            os.fsync(self._fd)
+        except OSError:
+            # Cut the partial line so the file still ends with a whole record (a torn line would make every
+            # reader refuse the file); the caller sees the error.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, object) for every line; a torn or invalid line is a UserError naming it."""
+    with Path(path).open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.endswith("\n"):
+                raise UserError(f"line {number} is incomplete (no newline): a torn record", source=str(path))
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"line {number} is not valid JSON: {exc.msg}", source=str(path)) from None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def repair_tail(path: Path) -> int:
+    """Cut a torn last line (a kill mid-write) so the file ends with a complete record; returns bytes cut."""
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as handle:
+        data = handle.read()
+        end = data.rfind(b"\n") + 1
+        last_ok = end
+        if end < len(data):
+            try:
+                json.loads(data[end:])
+                handle.write(b"\n")  # a complete record that only lacks its newline
+                return 0
+            except ValueError:
+                pass
+        handle.truncate(last_ok)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return size - last_ok

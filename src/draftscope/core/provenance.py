@@ -1,0 +1,62 @@
+"""Provenance recorded in every manifest: the kit's version and git commit, and the command line."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from draftscope import __version__
+from draftscope.core.resources import repo_root
+
+
+def now() -> str:
+    """An RFC 3339 UTC timestamp with microseconds."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _git(*args: str, cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+COMMIT_ENV, DIRTY_ENV = "DRAFTSCOPE_GIT_COMMIT", "DRAFTSCOPE_GIT_DIRTY"
+
+
+def kit_info() -> dict[str, object]:
+    """Kit version, and the git commit and dirtiness when running from a checkout (None otherwise)."""
+    root = repo_root()
+    commit = dirty = None
+    if root is not None and (root / ".git").exists():
+        commit = _git("rev-parse", "HEAD", cwd=root)
+        if commit is not None and len(commit) != 40:
+            commit = None
+        status = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
+        dirty = None if status is None else bool(status)
+    elif re.fullmatch(r"[0-9a-f]{40}", os.environ.get(COMMIT_ENV, "")):
+        # A copy of a checkout without its .git (a lent GPU machine): the commit as its sender stated it.
+        commit = os.environ[COMMIT_ENV]
+        dirty = {"1": True, "0": False}.get(os.environ.get(DIRTY_ENV, ""))
+    return {"version": __version__, "git_commit": commit, "git_dirty": dirty}
+
+
+def command_line(argv: list[str] | None = None) -> list[str]:
+    """The command as typed, with the program by its base name: no path of the machine enters a manifest."""
+    args = list(sys.argv if argv is None else argv)
+    if args:
+        program = os.path.basename(args[0])
+        # `python -m invoke …` shows invoke's __main__.py: record what was run.
+        args[0] = "invoke" if program == "__main__.py" and "invoke" in args[0] else program
+    return args
+
+
+def shell_join(argv: list[str]) -> str:
+    """For display only: the kit never runs a shell string built from user input."""
+    return shlex.join(argv)

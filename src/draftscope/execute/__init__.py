@@ -1,0 +1,1 @@
+"""Executors: a plan of steps run locally or on Slurm (execute/slurm)."""

@@ -1,0 +1,320 @@
+"""`make demo` / `invoke demo`: the whole kit on a CPU in minutes, on models it builds itself, nothing downloaded.
+
+Steps, each a real command run as a user would run it (its output in `<demo>/logs/<step>.log`), with a progress
+line and its duration:
+
+1. check the shipped tiny models against the hashes in presets/models/tiny.yaml (a mismatch is an error — the
+   demo never rebuilds them silently);
+2. the Transformers baseline benchmark on the tiny target;
+3. the speculative benchmark with the tiny draft, dense head;
+4. the same with the prefix-conditioned head (shadow mode on, calls captured), then `head-study` of those calls;
+5. the draft-training pipeline on the tiny preset, regen through convert (speculators' trainer needs its own
+   environment: `--train-python`, which `make demo` sets up);
+6. `validate` of every run directory and of the pipeline workdir, `analyze` with a report, and `compare` of 3 and 4 against 2.
+
+It ends with a summary: throughputs, acceptance length, the head's fallbacks, the verdicts, whether the speculative
+runs' tokens equal the baseline's for every prompt (checked here, from the records), the tiny target's recorded
+validation loss and top-1 probability, and the path of `report.html`. Everything lands in a new `runs/demo-<time>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftscope.bench.summary import read_records
+from draftscope.core.errors import UserError
+
+PROMPTS = "examples/prompts.json"
+REPEATS = 3
+FIXED_TOKENS = 64  # EOS suppressed: every run generates the same number of tokens, as the tiny build measured
+DRAFT_TOKENS = 4
+MIN_TOKENS_PER_CALL = 2.0
+
+
+@dataclass
+class Step:
+    key: str
+    title: str
+    argv: list[str]
+    python: str = sys.executable
+    seconds: float = 0.0
+    ok: bool = False
+
+
+@dataclass
+class Demo:
+    root: Path
+    train_python: str
+    steps: list[Step] = field(default_factory=list)
+
+    def run_dir(self, name: str) -> Path:
+        return self.root / name
+
+
+def invoke(*args: str) -> list[str]:
+    return ["-m", "invoke", *args]
+
+
+def bench_args(out: Path, *extra: str) -> list[str]:
+    return invoke(
+        "benchmark",
+        "--backend",
+        "transformers",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--runtime",
+        "local",
+        "--prompts",
+        PROMPTS,
+        "--repeats",
+        str(REPEATS),
+        "--fixed-tokens",
+        str(FIXED_TOKENS),
+        "--output",
+        str(out),
+        *extra,
+    )
+
+
+def plan_steps(demo: Demo) -> list[Step]:
+    r = demo.run_dir
+    spec = ("--draft", "tiny", "--draft-tokens", str(DRAFT_TOKENS))
+    runs = [r("baseline"), r("speculative"), r("prefix")]
+    return [
+        Step(
+            "models", "check the tiny models against their recorded hashes", invoke("tiny.build", "--check")
+        ),
+        Step("baseline", "baseline benchmark (tiny target, greedy)", bench_args(runs[0])),
+        Step("speculative", "speculative benchmark (tiny draft, dense head)", bench_args(runs[1], *spec)),
+        Step(
+            "prefix",
+            "speculative benchmark (prefix head, shadow, capture)",
+            bench_args(runs[2], *spec, "--head", "prefix", "--head-shadow", "--capture-head", "200"),
+        ),
+        Step(
+            "head-study",
+            "head study of the captured calls",
+            invoke("head-study", str(runs[2]), "--output", str(r("head-study"))),
+        ),
+        Step(
+            "pipeline",
+            "pipeline on the tiny preset, regen through convert",
+            invoke(
+                "pipeline",
+                "--preset",
+                "tiny",
+                "--runtime",
+                "local",
+                "--stage",
+                "regen,pretokenize,prepare,hsextract,train,convert",
+                "--workdir",
+                str(r("pipeline")),
+            ),
+            python=demo.train_python,
+        ),
+        Step(
+            "validate",
+            "validate every run directory and the pipeline workdir",
+            [
+                *invoke("validate", str(runs[0])),
+                "&&",
+                *invoke("validate", str(runs[1])),
+                "&&",
+                *invoke("validate", str(runs[2])),
+                "&&",
+                *invoke("validate", str(r("pipeline"))),
+            ],
+        ),
+        Step(
+            "analyze",
+            "analyze the benchmark runs, write the report",
+            invoke("analyze", ",".join(map(str, runs)), "--report", str(r("report"))),
+        ),
+        Step(
+            "compare-speculative",
+            "compare speculative (dense head) against the baseline",
+            invoke(
+                "compare", str(runs[0]), str(runs[1]), "--output", str(r("comparisons") / "speculative.json")
+            ),
+        ),
+        Step(
+            "compare-prefix",
+            "compare speculative (prefix head) against the baseline",
+            invoke("compare", str(runs[0]), str(runs[2]), "--output", str(r("comparisons") / "prefix.json")),
+        ),
+    ]
+
+
+def run_step(step: Step, demo: Demo) -> None:
+    """Run one step (several commands joined by `&&` run in turn); its output goes to its log."""
+    log = demo.root / "logs" / f"{step.key}.log"
+    commands: list[list[str]] = [[]]
+    for word in step.argv:
+        if word == "&&":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("ab") as out:
+        for words in commands:
+            out.write(("$ " + " ".join(["python", *words]) + "\n").encode())
+            out.flush()
+            code = subprocess.run(
+                [step.python, *words], stdout=out, stderr=subprocess.STDOUT, env=env, check=False
+            ).returncode
+            if code != 0:
+                step.seconds = time.monotonic() - started
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                raise UserError(
+                    f"demo step '{step.title}' failed (exit {code}); last lines of {log}:\n{tail}",
+                    fix=f"read {log}",
+                )
+    step.seconds = time.monotonic() - started
+    step.ok = True
+
+
+# --- the summary ----------------------------------------------------------------------------------------------
+
+
+def tokens_match(base: Path, other: Path) -> tuple[int, int]:
+    """(prompt × repeat pairs compared, identical) between two runs' generated token ids."""
+    ref = {(r["prompt_id"], r["repeat"]): r["generated_token_ids"] for r in read_records(base)}
+    pairs = [(ref.get((r["prompt_id"], r["repeat"])), r["generated_token_ids"]) for r in read_records(other)]
+    return len(pairs), sum(a == b for a, b in pairs)
+
+
+def tokens_per_call(run: Path) -> float | None:
+    lengths = [n for r in read_records(run) for n in (r.get("acceptance_lengths") or [])]
+    return sum(lengths) / len(lengths) if lengths else None
+
+
+def median_decode(run: Path) -> float | None:
+    summary = json.loads((run / "summary.json").read_text())
+    stats = summary["overall"].get("decode_tok_s")
+    return stats["median"] if stats else None
+
+
+def summary_lines(demo: Demo) -> tuple[list[str], bool]:
+    from draftscope.core.presets import load_model_preset
+
+    r = demo.run_dir
+    ok = True
+    base = median_decode(r("baseline")) or float("nan")
+    lines = ["", "draftscope demo — summary", ""]
+    measured = (
+        (load_model_preset("tiny").kit_model.measured or {}) if load_model_preset("tiny").kit_model else {}
+    )
+    lines.append(
+        f"tiny target: validation loss {measured.get('target_validation_loss')}, mean top-1 probability "
+        f"{measured.get('target_mean_top1_prob')} (recorded at build time, presets/models/tiny.yaml)"
+    )
+    for name, label in (
+        ("baseline", "baseline"),
+        ("speculative", "speculative, dense head"),
+        ("prefix", "speculative, prefix head"),
+    ):
+        tok_s = median_decode(r(name))
+        ratio = "" if name == "baseline" or tok_s is None else f" ({tok_s / base:.2f}× the baseline)"
+        lines.append(f"{label:26s} decode {tok_s:8.1f} tok/s (median){ratio}")
+    per_call = tokens_per_call(r("speculative"))
+    enough = per_call is not None and per_call >= MIN_TOKENS_PER_CALL
+    ok &= enough
+    lines.append(
+        f"draft: mean tokens per target call at k={DRAFT_TOKENS}: {per_call:.3f} "
+        f"({'≥' if enough else 'BELOW'} {MIN_TOKENS_PER_CALL})"
+    )
+    head = json.loads((r("prefix") / "summary.json").read_text()).get("head") or {}
+    lines.append(
+        f"prefix head: {head.get('calls', 0)} verification calls, {head.get('certified', 0)} of "
+        f"{head.get('rows', 0)} rows certified; dense fallbacks {head.get('dense_calls_prefix', 0)} "
+        f"(row-wise rule: {head.get('dense_calls_rowwise', 0)}); shadow disagreements "
+        f"{head.get('shadow_disagreements', 0)}"
+    )
+    ok &= head.get("shadow_disagreements", 1) == 0
+    study = json.loads((r("head-study") / "study.json").read_text())
+    lines.append(
+        f"head study: {study['calls']} captured calls; fallbacks row-wise {study['fallback_rowwise']} vs "
+        f"prefix {study['fallback_prefix']}; disagreements {study['disagreements']}"
+    )
+    for name in ("speculative", "prefix"):
+        compared, same = tokens_match(r("baseline"), r(name))
+        identical = compared > 0 and same == compared
+        ok &= identical
+        lines.append(
+            f"tokens, {name} vs baseline: {same} of {compared} generations identical"
+            + ("" if identical else "  <-- MISMATCH")
+        )
+        doc = json.loads((r("comparisons") / f"{name}.json").read_text())
+        lines.append(
+            f"verdict, {name} vs baseline: {doc['verdict']['decision']} — median latency ratio "
+            f"{doc['median_ratio']:.3f}; {doc['verdict']['reason']}"
+        )
+    pipeline = r("pipeline")
+    stages = sorted(p.stem for p in (pipeline / "stages").glob("*.json") if "." not in p.stem)
+    lines.append(
+        f"pipeline: {len(stages)} stage(s) completed ({', '.join(stages)}); converted draft in "
+        f"{pipeline / 'draft'}"
+    )
+    lines.append(f"report: {r('report') / 'report.html'}")
+    lines.append("durations: " + ", ".join(f"{s.key} {s.seconds:.0f} s" for s in demo.steps))
+    return lines, ok
+
+
+def main(*, output: str | None, train_python: str | None, say: Callable[[str], None] = print) -> int:
+    from draftscope.core.provenance import now
+
+    stamp = now().replace(":", "").replace("-", "").split(".")[0]
+    root = Path(output) if output else Path("runs") / f"demo-{stamp}"
+    python = train_python or os.environ.get("DRAFTSCOPE_TRAIN_PYTHON")
+    if not python or not Path(python).exists():
+        raise UserError(
+            "the pipeline step needs an environment with speculators 0.9.0",
+            field="--train-python",
+            value=python,
+            fix="use `make demo` (it sets one up in .venv-train), or pass --train-python PATH/bin/python",
+        )
+    try:
+        (root / "logs").mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise UserError(
+            "the demo folder exists; runs are never overwritten",
+            field="--output",
+            value=str(root),
+            fix="choose a new path",
+        ) from None
+    demo = Demo(root, python)
+    demo.steps = plan_steps(demo)
+    started = time.monotonic()
+    say(f"draftscope demo → {root}")
+    for i, step in enumerate(demo.steps, 1):
+        say(f"[{i}/{len(demo.steps)}] {step.title} …")
+        run_step(step, demo)
+        say(
+            f"[{i}/{len(demo.steps)}] {step.title}: done in {step.seconds:.1f} s "
+            f"(total {time.monotonic() - started:.0f} s)"
+        )
+    lines, ok = summary_lines(demo)
+    for line in lines:
+        say(line)
+    (root / "summary.txt").write_text("\n".join(lines) + "\n")
+    say(
+        f"demo finished in {time.monotonic() - started:.0f} s"
+        + ("" if ok else " — WITH FAILED CHECKS (above)")
+    )
+    return 0 if ok else 1
+
+
+def steps_for_display(root: Path, python: str) -> Sequence[Step]:
+    """The planned steps (for tests and `--dry-run`)."""
+    demo = Demo(root, python)
+    return plan_steps(demo)

@@ -1,0 +1,263 @@
+"""Reliability figures, and `invoke reliability`: the fault-injection suite, the bad-input corpus and the
+planted-secret check, run and summed up.
+
+The suite (`tests/reliability/`, marker `reliability`) records every fault it injects, every bad input it tries
+and every output it searches for planted secrets in a `Figures` tally; pytest writes the tally as JSON to the file
+named by `$DRAFTSCOPE_RELIABILITY_FIGURES`. `invoke reliability` runs the suite with a seed (kill points are drawn
+from it), prints the figures and fails when the suite fails or a bound is missed: at least 50 faults over the four
+step kinds, every one survived, no record lost, no torn line, at least 40 bad inputs each refused cleanly, and no
+secret in any output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from invoke import Exit, task
+
+from draftscope.cli.handler import user_errors
+from draftscope.core.errors import UserError
+
+FIGURES_ENV = "DRAFTSCOPE_RELIABILITY_FIGURES"
+SEED_ENV = "DRAFTSCOPE_RELIABILITY_SEED"
+DEFAULT_SEED = 9
+STEP_KINDS = ("benchmark", "regen", "hsextract", "train")
+MIN_FAULTS = 50
+MIN_BAD_INPUTS = 40
+
+
+def seed_from_env() -> int:
+    raw = os.environ.get(SEED_ENV, "")
+    try:
+        return int(raw) if raw.strip() else DEFAULT_SEED
+    except ValueError:
+        raise UserError("not an integer", field=SEED_ENV, value=raw, fix="set an integer seed") from None
+
+
+@dataclass
+class Fault:
+    """One injected fault: where (step kind), what (signal and point), and what it cost."""
+
+    kind: str
+    what: str
+    survived: bool = False
+    lost: int = (
+        0  # records (lines, rows, files, completed stages) finished before the fault and missing after
+    )
+    torn: int = 0  # lines cut short or unreadable left in a JSON Lines file
+
+    def lose(self, n: int) -> None:
+        self.lost += max(0, int(n))
+
+    def tear(self, n: int) -> None:
+        self.torn += max(0, int(n))
+
+
+@dataclass
+class Rerun:
+    """A resume or rerun after faults: what it found lost or torn counts in the totals (it is not a fault)."""
+
+    kind: str
+    what: str
+    ok: bool = False
+    lost: int = 0
+    torn: int = 0
+
+    def lose(self, n: int) -> None:
+        self.lost += max(0, int(n))
+
+    def tear(self, n: int) -> None:
+        self.torn += max(0, int(n))
+
+
+@dataclass
+class BadInput:
+    name: str
+    refused: bool
+
+
+@dataclass
+class Figures:
+    faults: list[Fault] = field(default_factory=list)
+    reruns: list[Rerun] = field(default_factory=list)
+    bad_inputs: list[BadInput] = field(default_factory=list)
+    secret_hits: int = 0
+    files_searched: int = 0
+    seed: int | None = None
+
+    @contextlib.contextmanager
+    def fault(self, kind: str, what: str) -> Iterator[Fault]:
+        """Count a fault as injected; it survived when the block's checks all pass (no exception)."""
+        item = Fault(kind, what)
+        self.faults.append(item)
+        yield item
+        item.survived = item.lost == 0 and item.torn == 0
+
+    @contextlib.contextmanager
+    def rerun(self, kind: str, what: str) -> Iterator[Rerun]:
+        """Count the resume or rerun that must complete after faults; ok when its checks all pass."""
+        item = Rerun(kind, what)
+        self.reruns.append(item)
+        yield item
+        item.ok = item.lost == 0 and item.torn == 0
+
+    def bad_input(self, name: str, refused: bool) -> None:
+        self.bad_inputs.append(BadInput(name, refused))
+
+    def secrets(self, hits: int, files: int) -> None:
+        self.secret_hits += hits
+        self.files_searched += files
+
+    # -- totals -------------------------------------------------------------------------------------------------
+
+    @property
+    def survived(self) -> int:
+        return sum(f.survived for f in self.faults)
+
+    @property
+    def lost(self) -> int:
+        return sum(f.lost for f in [*self.faults, *self.reruns])
+
+    @property
+    def torn(self) -> int:
+        return sum(f.torn for f in [*self.faults, *self.reruns])
+
+    @property
+    def refused(self) -> int:
+        return sum(b.refused for b in self.bad_inputs)
+
+    def by_kind(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for f in self.faults:
+            n, ok = out.get(f.kind, (0, 0))
+            out[f.kind] = (n + 1, ok + f.survived)
+        return out
+
+    def shortfalls(self) -> list[str]:
+        """The acceptance bounds this tally misses (empty: all met)."""
+        out = []
+        if len(self.faults) < MIN_FAULTS:
+            out.append(f"{len(self.faults)} faults injected, fewer than {MIN_FAULTS}")
+        missing = [k for k in STEP_KINDS if k not in self.by_kind()]
+        if missing:
+            out.append(f"no fault injected into: {', '.join(missing)}")
+        if self.survived != len(self.faults):
+            out.append(f"{len(self.faults) - self.survived} fault(s) not survived")
+        failed = [r for r in self.reruns if not r.ok]
+        if failed:
+            out.append(f"{len(failed)} rerun(s) after faults did not complete cleanly")
+        if self.lost:
+            out.append(f"{self.lost} record(s) lost")
+        if self.torn:
+            out.append(f"{self.torn} torn line(s)")
+        if self.refused < MIN_BAD_INPUTS:
+            out.append(f"{self.refused} bad inputs refused cleanly, fewer than {MIN_BAD_INPUTS}")
+        if self.refused != len(self.bad_inputs):
+            out.append(f"{len(self.bad_inputs) - self.refused} bad input(s) not refused cleanly")
+        if self.secret_hits:
+            out.append(f"{self.secret_hits} planted secret(s) found in outputs")
+        return out
+
+    def lines(self) -> list[str]:
+        kinds = ", ".join(f"{k} {ok}/{n}" for k, (n, ok) in sorted(self.by_kind().items()))
+        return [
+            f"seed: {self.seed}",
+            f"faults injected / survived: {len(self.faults)} / {self.survived}  ({kinds})",
+            f"resumes and reruns after faults / complete: {len(self.reruns)} / {sum(r.ok for r in self.reruns)}",
+            f"bad inputs tried / refused cleanly: {len(self.bad_inputs)} / {self.refused}",
+            f"records lost: {self.lost}",
+            f"torn lines: {self.torn}",
+            f"secrets found in outputs: {self.secret_hits} (in {self.files_searched} files searched)",
+        ]
+
+    # -- persistence (pytest writes, the task reads) -------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Figures:
+        return cls(
+            faults=[Fault(**f) for f in data.get("faults", [])],
+            reruns=[Rerun(**r) for r in data.get("reruns", [])],
+            bad_inputs=[BadInput(**b) for b in data.get("bad_inputs", [])],
+            secret_hits=int(data.get("secret_hits", 0)),
+            files_searched=int(data.get("files_searched", 0)),
+            seed=data.get("seed"),
+        )
+
+    def write(self, path: Path) -> None:
+        from draftscope.core.jsonio import atomic_write_json
+
+        atomic_write_json(Path(path), self.to_dict())
+
+
+# --- the task ---------------------------------------------------------------------------------------------------
+
+
+@task(
+    help={
+        "seed": f"seed for the random kill points (default {DEFAULT_SEED}, or ${SEED_ENV})",
+        "pytest_args": "extra pytest arguments, e.g. '-x' or '-k benchmark'",
+    }
+)
+@user_errors
+def reliability(c, seed=None, pytest_args=""):
+    """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus, search outputs for a planted
+    secret; print faults injected/survived, bad inputs tried/refused, records lost, torn lines, secrets found."""
+    import shlex
+
+    from draftscope.core.resources import repo_root
+
+    root = repo_root()
+    if root is None or not (root / "tests" / "reliability").is_dir():
+        raise UserError("the reliability suite lives in the kit's checkout", fix="run it from a git checkout")
+    chosen = seed_from_env() if seed is None else _seed(seed)
+    with tempfile.TemporaryDirectory(prefix="draftscope-reliability-") as tmp:
+        out = Path(tmp) / "figures.json"
+        env = {**os.environ, FIGURES_ENV: str(out), SEED_ENV: str(chosen)}
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "reliability",
+            "tests/reliability",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *shlex.split(pytest_args),
+        ]
+        print(f"reliability suite, seed {chosen}: {shlex.join(argv[1:])}", flush=True)
+        code = subprocess.run(argv, cwd=root, env=env, check=False).returncode
+        if not out.is_file():
+            raise Exit(f"the suite wrote no figures (pytest exit code {code})", code=code or 1)
+        figures = Figures.from_dict(json.loads(out.read_text(encoding="utf-8")))
+    print("\n".join(["== reliability figures", *figures.lines()]))
+    extra = shlex.split(pytest_args)
+    selected = any(a.startswith("-k") or "::" in a or a.startswith("tests") for a in extra)
+    short = [] if selected else figures.shortfalls()  # a selection of tests cannot meet the totals
+    if code != 0 or short:
+        raise Exit(
+            "reliability: " + "; ".join([*short, *([f"pytest exit code {code}"] if code else [])]), code=1
+        )
+    print(f"reliability: every bound met (rerun these kill points with --seed {chosen})")
+
+
+def _seed(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UserError("expected an integer", field="--seed", value=value) from None
+
+
+RELIABILITY_TASKS = [reliability]
