@@ -1,0 +1,1 @@
+"""The draft-training pipeline: regen → pretokenize → prepare → hsextract → train → convert → serve → bench."""
