@@ -6,26 +6,13 @@ The only place that imports heavy runtimes (torch, vLLM, SGLang, speculators), l
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
-import platform
 import sys
 
 from draftscope import __version__
+from draftscope.core import hub
 from draftscope.core.errors import UserError
-
-PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "vllm", "sglang", "speculators", "triton")
-
-
-def versions() -> dict[str, str | None]:
-    """Installed versions of the packages a step may use, read from metadata (nothing is imported)."""
-    found: dict[str, str | None] = {"python": platform.python_version(), "draftscope": __version__}
-    for name in PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+from draftscope.core.provenance import versions
 
 
 def selfcheck() -> dict[str, object]:
@@ -62,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench_worker.run(args.run_dir)
         elif args.command == "fetch":
-            return fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
+            return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
     except UserError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return 2
@@ -75,26 +62,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: out of GPU memory: {str(exc).splitlines()[0]}", file=sys.stderr)
             return 3
         raise
-    return 0
-
-
-def fetch_snapshots(cache: str, pins: list[tuple[str, str]]) -> int:
-    """Download each repository at its full commit SHA (never a branch name); remote code is never run."""
-    import re
-
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise UserError(
-            "huggingface_hub is not installed", fix="run the fetch step in the kit's image"
-        ) from None
-    for repo, revision in pins:
-        if not re.fullmatch(r"[0-9a-f]{40}", revision):
-            raise UserError(
-                "a download needs a full 40-character commit SHA", field="revision", value=revision
-            )
-        path = snapshot_download(repo_id=repo, revision=revision, cache_dir=cache)
-        print(f"{repo}@{revision} -> {path}")
     return 0
 
 

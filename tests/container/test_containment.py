@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT, plan_benchmark
+from draftscope.bench.plan import plan_benchmark
 from draftscope.core.presets import load_experiment
 from draftscope.runtime import ContainerRuntime, Context
+from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT
 
 from containerlib import ROOT
 

@@ -237,7 +237,7 @@ def test_gpu_stages_and_missing_stage_inputs_are_refused_before_anything_is_writ
     assert result.returncode == 2 and "stage serve needs draft config" in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert not (tmp_path / "w").exists()
-    from draftscope.ops.doctor import nvidia_gpus_present
+    from draftscope.core.hardware import nvidia_gpus_present
 
     if nvidia_gpus_present():
         return  # the rest checks the refusal on a machine without a GPU

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from draftscope.ops.validate import validate_run
+from draftscope.core.validate import validate_run
 
 from faultlib import duplicates, free_port, invoke_argv, pipeline_argv, read_lines, start
 from support import tiny_benchmark

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from draftscope.core.jsonio import read_json
-from draftscope.ops.validate import validate_run
+from draftscope.core.validate import validate_run
 
 from faultlib import invoke_argv, lost_from, read_lines, start, wait_for_lines
 from support import run_invoke, tiny_benchmark

@@ -17,7 +17,7 @@ import pytest
 
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
 from draftscope.core.rundir import RunDir
-from draftscope.ops.validate import validate_run
+from draftscope.core.validate import validate_run
 from draftscope.pipeline.state import write_record
 
 from faultlib import lost_from, read_lines

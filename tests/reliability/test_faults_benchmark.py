@@ -18,7 +18,7 @@ from draftscope.bench.recover import recover
 from draftscope.bench.worker import FAILPOINT
 from draftscope.core.jsonio import read_json
 from draftscope.core.rundir import SUPERVISOR, liveness
-from draftscope.ops.validate import validate_run
+from draftscope.core.validate import validate_run
 
 from faultlib import (
     alive,

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from draftscope.core.jsonio import read_json
-from draftscope.execute.slurm.benchmark import TEST_TIME_ENV, folder_of
+from draftscope.core.rundir import slurm_folder_of
+from draftscope.execute.slurm.benchmark import TEST_TIME_ENV
 
 from support import ROOT, processes_naming, tiny_benchmark
 
@@ -64,7 +65,7 @@ def manifest(output: Path) -> dict:
 
 
 def job_id(output: Path) -> str:
-    return read_json(folder_of(output) / "jobs.json")["submissions"][-1]["jobs"][0]["job_id"]
+    return read_json(slurm_folder_of(output) / "jobs.json")["submissions"][-1]["jobs"][0]["job_id"]
 
 
 def wait_for_records(output: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -134,7 +135,7 @@ def test_a_benchmark_through_slurm_equals_a_local_run(cluster, past_its_limit, t
     )
     checked = run([sys.executable, "-m", "invoke", "validate", str(remote)], cwd=ROOT)
     assert checked.returncode == 0, checked.stdout + checked.stderr  # a note on a final run keeps it valid
-    folder = folder_of(remote)
+    folder = slurm_folder_of(remote)
     assert sorted(p.name for p in folder.iterdir()) == [
         "benchmark.json",
         "benchmark.sbatch",
@@ -185,7 +186,7 @@ def test_a_supervisor_killed_in_its_job_is_reported_with_invoke_recover(cluster,
     output = tmp_path / "run"
     proc = start(output, *LONG)
     wait_for_records(output, proc)
-    job_file = str(folder_of(output) / "benchmark.json")
+    job_file = str(slurm_folder_of(output) / "benchmark.json")
     (pid,) = [int(p.split(":")[0]) for p in leftovers(output) if f"run-benchmark --job {job_file}" in p]
     os.kill(pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
@@ -224,5 +225,5 @@ def test_a_job_past_its_slurm_time_limit_leaves_the_run_timed_out(past_its_limit
     ran = manifest(output)
     assert ran["status"] == "timed_out" and "TIMEOUT" in ran["notes"][-1]
     assert ran["config"]["max_seconds"] == 600  # the supervisor's own limit was far away
-    assert "#SBATCH --time=0-00:01:00" in (folder_of(output) / "benchmark.sbatch").read_text()
+    assert "#SBATCH --time=0-00:01:00" in (slurm_folder_of(output) / "benchmark.sbatch").read_text()
     assert_nothing_left(output)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from draftscope.core.jsonio import read_json
-from draftscope.execute.slurm.benchmark import folder_of
+from draftscope.core.rundir import slurm_folder_of
 
 from containerlib import docker
 from support import ROOT, tiny_benchmark
@@ -56,7 +56,7 @@ def containers(output: Path, *flags: str) -> str:
 
 
 def job_id(output: Path) -> str:
-    return read_json(folder_of(output) / "jobs.json")["submissions"][-1]["jobs"][0]["job_id"]
+    return read_json(slurm_folder_of(output) / "jobs.json")["submissions"][-1]["jobs"][0]["job_id"]
 
 
 def test_a_container_benchmark_in_a_job_runs_in_the_image_and_leaves_nothing(cluster, kit_image, tmp_path):

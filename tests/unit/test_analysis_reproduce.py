@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from test_analysis_synthetic import make_run
 
-from draftscope.analysis import reproduce as R
 from draftscope.analysis.load import load_run
+from draftscope.bench import reproduce as R
 from draftscope.core import schema
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import iter_jsonl

@@ -8,11 +8,11 @@ import random
 from pathlib import Path
 
 from draftscope.bench.backends.common import prompt_sha256
-from draftscope.bench.summary import summarize
 from draftscope.core.config import to_dict
 from draftscope.core.presets import load_experiment
 from draftscope.core.rundir import InputFile, RunDir
-from draftscope.ops.validate import validate_run
+from draftscope.core.summary import summarize
+from draftscope.core.validate import validate_run
 
 from support import ROOT
 

@@ -11,14 +11,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from draftscope import tiny  # noqa: E402
-from draftscope.bench.decode import (  # noqa: E402
+from draftscope.core.resources import examples_dir  # noqa: E402
+from draftscope.decode import (  # noqa: E402
     Generation,
     dense_head,
     greedy_generate,
     speculative_generate,
     verify,
 )
-from draftscope.core.resources import examples_dir  # noqa: E402
 from draftscope.tiny.models import DRAFT, TARGET, new_model  # noqa: E402
 
 MAX_NEW = 32

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from draftscope.core import hardware
 from draftscope.core.errors import UserError
 from draftscope.ops import doctor
 from draftscope.ops.images import IMAGES, image_reference
@@ -37,11 +38,11 @@ def fixture(name: str) -> str:
     ],
 )
 def test_dtype_for_capability(cap, dtype):
-    assert doctor.dtype_for_capability(*cap) == dtype
+    assert hardware.dtype_for_capability(*cap) == dtype
 
 
 def test_parse_a100():
-    (gpu,) = doctor.parse_nvidia_smi(fixture("a100-80gb.csv"))
+    (gpu,) = hardware.parse_nvidia_smi(fixture("a100-80gb.csv"))
     assert gpu.index == 0
     assert gpu.name == "NVIDIA A100-SXM4-80GB"
     assert gpu.uuid == "GPU-0a1b2c3d-0000-4000-8000-00000000a100"
@@ -54,7 +55,7 @@ def test_parse_a100():
 
 
 def test_parse_h200_several():
-    gpus = doctor.parse_nvidia_smi(fixture("h200.csv"))
+    gpus = hardware.parse_nvidia_smi(fixture("h200.csv"))
     assert [g.index for g in gpus] == [0, 1]
     assert {g.name for g in gpus} == {"NVIDIA H200"}
     assert all(g.compute_capability == (9, 0) and g.dtype == "bfloat16" for g in gpus)
@@ -63,7 +64,7 @@ def test_parse_h200_several():
 
 
 def test_parse_t4_is_float16():
-    (gpu,) = doctor.parse_nvidia_smi(fixture("t4.csv"))
+    (gpu,) = hardware.parse_nvidia_smi(fixture("t4.csv"))
     assert gpu.name == "Tesla T4"
     assert gpu.compute_capability == (7, 5)
     assert gpu.dtype == "float16"
@@ -71,7 +72,7 @@ def test_parse_t4_is_float16():
 
 
 def test_parse_na_fields_become_none():
-    rtx, a10g = doctor.parse_nvidia_smi(fixture("na-fields.csv"))
+    rtx, a10g = hardware.parse_nvidia_smi(fixture("na-fields.csv"))
     assert rtx.uuid is None
     assert rtx.memory_free_mib is None
     assert rtx.clocks_sm_max_mhz is None
@@ -84,7 +85,7 @@ def test_parse_na_fields_become_none():
 
 
 def test_parse_empty_output_is_no_gpus():
-    assert doctor.parse_nvidia_smi("\n") == []
+    assert hardware.parse_nvidia_smi("\n") == []
 
 
 @pytest.mark.parametrize(
@@ -102,7 +103,7 @@ def test_parse_empty_output_is_no_gpus():
 )
 def test_parse_malformed_names_the_line(text, lineno):
     with pytest.raises(UserError) as err:
-        doctor.parse_nvidia_smi(text)
+        hardware.parse_nvidia_smi(text)
     message = str(err.value)
     assert message.startswith("nvidia-smi:")
     assert f"line {lineno}:" in message
@@ -113,12 +114,12 @@ def test_parse_malformed_names_the_line(text, lineno):
     ("name", "cuda"), [("h200-header.txt", "12.4"), ("a100-header.txt", "12.4"), ("t4-header.txt", "12.2")]
 )
 def test_parse_cuda_version(name, cuda):
-    assert doctor.parse_cuda_version(fixture(name)) == cuda
+    assert hardware.parse_cuda_version(fixture(name)) == cuda
 
 
 def test_parse_cuda_version_absent():
     assert (
-        doctor.parse_cuda_version("NVIDIA-SMI has failed because it couldn't communicate with the driver")
+        hardware.parse_cuda_version("NVIDIA-SMI has failed because it couldn't communicate with the driver")
         is None
     )
 
@@ -185,7 +186,7 @@ H200 = {"name": "NVIDIA H200", "uuid": "GPU-abc", "cap": (9, 0), "total_mib": 14
 
 def test_nvml_reads_gpus():
     nvml = FakeNvml([H200, {**H200, "name": b"Tesla T4", "cap": (7, 5)}])
-    gpus = doctor.gpus_from_nvml(nvml)
+    gpus = hardware.gpus_from_nvml(nvml)
     assert [g.name for g in gpus] == ["NVIDIA H200", "Tesla T4"]
     h200 = gpus[0]
     assert h200.compute_capability == (9, 0)
@@ -197,7 +198,7 @@ def test_nvml_reads_gpus():
 
 
 def test_nvml_unavailable_is_none():
-    assert doctor.gpus_from_nvml(FakeNvml([H200], fail_init=True)) is None
+    assert hardware.gpus_from_nvml(FakeNvml([H200], fail_init=True)) is None
 
 
 def test_real_nvml_matches_the_fake_shape():
@@ -229,20 +230,20 @@ def fake_runner(answers):
 def test_nvidia_smi_fallback_adds_cuda_version():
     runner = fake_runner(
         {
-            ("nvidia-smi", doctor.SMI_QUERY[1]): (0, fixture("h200.csv"), ""),
+            ("nvidia-smi", hardware.SMI_QUERY[1]): (0, fixture("h200.csv"), ""),
             "nvidia-smi": (0, fixture("h200-header.txt"), ""),
         }
     )
-    gpus = doctor.gpus_from_nvidia_smi(runner)
+    gpus = hardware.gpus_from_nvidia_smi(runner)
     assert len(gpus) == 2
     assert {g.cuda_version for g in gpus} == {"12.4"}
 
 
 def test_nvidia_smi_missing_or_hanging_is_none():
-    assert doctor.gpus_from_nvidia_smi(fake_runner({})) is None
+    assert hardware.gpus_from_nvidia_smi(fake_runner({})) is None
     hang = subprocess.TimeoutExpired("nvidia-smi", 15)
-    assert doctor.gpus_from_nvidia_smi(fake_runner({"nvidia-smi": hang})) is None
-    assert doctor.gpus_from_nvidia_smi(fake_runner({"nvidia-smi": (9, "", "no driver")})) is None
+    assert hardware.gpus_from_nvidia_smi(fake_runner({"nvidia-smi": hang})) is None
+    assert hardware.gpus_from_nvidia_smi(fake_runner({"nvidia-smi": (9, "", "no driver")})) is None
 
 
 # --- collect and render ------------------------------------------------------------------------------------------
@@ -253,7 +254,7 @@ MEMINFO = "MemTotal:       24683652 kB\nMemFree:        24517396 kB\nMemAvailabl
 
 def probes(*, on_path=(), files=None, answers=None, nvml=None, system=("linux", "x86_64")):
     files = files or {}
-    return doctor.Probes(
+    return hardware.Probes(
         run=fake_runner(answers or {}),
         which=lambda name: f"/usr/bin/{name}" if name in on_path else None,
         exists=lambda path: path in files,
@@ -365,7 +366,9 @@ def test_unsupported_accelerators(kw, vendor):
 
 def test_nvidia_drm_device_is_not_unsupported():
     assert (
-        doctor.unsupported_accelerators(probes(files={"/sys/class/drm/renderD128/device/vendor": "0x10de\n"}))
+        hardware.unsupported_accelerators(
+            probes(files={"/sys/class/drm/renderD128/device/vendor": "0x10de\n"})
+        )
         == []
     )
 
@@ -391,7 +394,7 @@ def test_doctor_imports_nothing_heavy():
 
 
 def test_gpu_dataclass_is_frozen():
-    gpu = doctor.Gpu(0, "Tesla T4", None, (7, 5), 15360, 15000, "535.183.01")
+    gpu = hardware.Gpu(0, "Tesla T4", None, (7, 5), 15360, 15000, "535.183.01")
     with pytest.raises(AttributeError):
         gpu.name = "x"
     assert gpu.as_dict()["compute_capability"] == [7, 5]

@@ -98,8 +98,17 @@ def test_summary_ratios_follow_from_the_times():
 
 def test_main_small_run_prints_one_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
+    from draftscope.cli.render import console
+
     report = bench.main(
-        device="cpu", vocab="300,500", hidden=64, rows="1,3", fallback="0,0.5", repeats=3, output=out
+        device="cpu",
+        vocab="300,500",
+        hidden=64,
+        rows="1,3",
+        fallback="0,0.5",
+        repeats=3,
+        output=out,
+        show=console().print,
     )
     printed = capsys.readouterr().out
     assert printed.count("head-bench on cpu") == 1
@@ -157,7 +166,7 @@ def test_the_report_schema_lives_in_schemas_and_a_broken_report_is_a_bug():
 def test_gpu_facts_come_from_torch_and_the_driver(monkeypatch):
     from types import SimpleNamespace
 
-    from draftscope.ops import doctor
+    from draftscope.core import hardware as doctor
 
     props = SimpleNamespace(
         name="NVIDIA H200", major=9, minor=0, total_memory=141 * 2**30, multi_processor_count=132

@@ -42,7 +42,7 @@ def models():
 @pytest.mark.parametrize("policy", ["prefix", "rowwise"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_speculative_tokens_equal_the_dense_run(models, policy, dtype):
-    from draftscope.bench.decode import speculative_generate
+    from draftscope.decode import speculative_generate
 
     target, draft = (m.to(dtype) for m in models)
     prompt = list(range(5, 25))

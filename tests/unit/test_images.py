@@ -21,8 +21,8 @@ from invoke import Collection, Program
 
 from draftscope import __version__
 from draftscope.core.errors import UserError
+from draftscope.core.hardware import Gpu
 from draftscope.ops import images as I
-from draftscope.ops.doctor import Gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES_DIR = ROOT / "images"

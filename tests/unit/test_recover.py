@@ -19,7 +19,7 @@ from draftscope.cli.tasks import _liveness_line
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import iter_jsonl, read_json
 from draftscope.core.rundir import SUPERVISOR, RunDir, Supervision, liveness
-from draftscope.ops.validate import validate_run
+from draftscope.core.validate import validate_run
 
 from support import ROOT
 

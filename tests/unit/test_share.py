@@ -11,11 +11,11 @@ import tarfile
 
 import pytest
 
-from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT
 from draftscope.core import schema
 from draftscope.core.errors import UserError
+from draftscope.core.validate import validate_run
 from draftscope.ops.share import TEXT_FIELDS, HostPaths, pack, redact
-from draftscope.ops.validate import validate_run
+from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT
 
 from support import run_invoke, tiny_benchmark
 

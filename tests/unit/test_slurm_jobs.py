@@ -22,7 +22,7 @@ from draftscope.execute.slurm import jobs, planfile, shards
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
-from draftscope.runtime import Context, get_runtime
+from draftscope.runtime import ContainerRuntime, Context, get_runtime
 
 from support import sbatch_lines
 
@@ -184,7 +184,7 @@ def test_the_host_network_runtime_changes_only_the_network():
     jp = build(slurm={"nodes": 2})
     step = next(sp for sp in jp.plan.stages if sp.stage.name == "train").step
     plain = get_runtime("podman").argv(step, ctx)
-    host = jobs.HostNetworkRuntime("podman").argv(step, ctx)
+    host = ContainerRuntime("podman").with_host_network().argv(step, ctx)
     i = plain.index("--network")
     assert plain[i + 1] == "none" and host[: i + 1] == plain[: i + 1] and host[i + 1] == "host"
     assert host[i + 2 :] == plain[i + 2 :]

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from draftscope.core.rundir import RunDir
-from draftscope.ops.validate import validate_run
+from draftscope.core.validate import validate_run
 
 SHA = "a" * 64
 

@@ -14,11 +14,11 @@ from typing import Any
 from draftscope.analysis import stats
 from draftscope.analysis.load import Run
 from draftscope.analysis.output import refuse_existing, write_new
-from draftscope.bench.summary import first_divergence, stat
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import dumps
 from draftscope.core.provenance import command_line, kit_info, now
+from draftscope.core.summary import first_divergence, stat
 
 CONFIDENCE = 0.95
 TRUNCATED = ("length", "fixed_tokens")  # a sequence cut by a limit is a prefix of a longer one

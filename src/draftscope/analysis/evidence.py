@@ -35,7 +35,7 @@ from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_text, read_json, sha256_file
 from draftscope.core.resources import repo_root
 from draftscope.core.rundir import FINAL, MANIFEST
-from draftscope.ops.validate import validate_run
+from draftscope.core.validate import validate_run
 
 SUMS = "SHA256SUMS"
 NOT_SUMMED = frozenset({SUMS, "README.md"})  # top-level files that are documentation, not evidence

@@ -15,13 +15,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench.summary import summarize
 from draftscope.core import schema as schemas
 from draftscope.core.config import build
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json, sha256_file
 from draftscope.core.presets import ExperimentConfig, load_model_preset, resolve_draft, resolve_target
 from draftscope.core.rundir import FINAL, MANIFEST, RECORDS, SUMMARY, liveness
+from draftscope.core.summary import summarize
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def _bare_loop(model, input_ids: Sequence[int], tokens: int) -> list[int]:
     torch = need("torch")
     from transformers import DynamicCache
 
-    from draftscope.bench.decode import _device, _forward
+    from draftscope.decode import _device, _forward
 
     device = _device(model)
     out: list[int] = []
@@ -68,7 +68,7 @@ def _generate(model, input_ids: Sequence[int], tokens: int) -> list[int]:
 
 
 def measure(model, prompts: Sequence[Sequence[int]], *, tokens: int = 64, rounds: int = 5) -> OverheadResult:
-    from draftscope.bench.decode import greedy_generate
+    from draftscope.decode import greedy_generate
 
     def timed(fn) -> float:
         start = time.perf_counter()

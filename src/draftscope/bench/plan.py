@@ -6,15 +6,15 @@ mounts, environment (values, and credentials passed by name only), GPUs, time li
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from draftscope.core import images
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
+from draftscope.core.hub import fetch_argv, hub_cache_dir
 from draftscope.core.jsonio import read_json, sha256_file
 from draftscope.core.presets import (
     ExperimentConfig,
@@ -24,40 +24,12 @@ from draftscope.core.presets import (
     resolve_draft,
     resolve_target,
 )
-from draftscope.core.resources import examples_dir, repo_root
+from draftscope.core.resources import resolve_path
 from draftscope.core.schema import check
-from draftscope.ops import images
+from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step
 
-# Paths inside the containers.
-RUN_MOUNT = "/draftscope/run"
-CACHE_MOUNT = "/draftscope/cache/huggingface"
-# Credentials are handed to containers by name (`-e NAME`), so their values never appear in an argv or a manifest.
-CREDENTIALS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 # A benchmark prompt set is small; a larger file is a mistake (a dataset, a log) and would be copied into the run.
 MAX_PROMPTS_BYTES = 64 * 2**20
-
-
-@dataclass(frozen=True)
-class Mount:
-    source: str
-    target: str
-    read_only: bool = True
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    image: str
-    argv: tuple[str, ...]
-    mounts: tuple[Mount, ...] = ()
-    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    env_passthrough: tuple[str, ...] = ()
-    gpus: int = 0  # 0: no GPU; -1: all GPUs; N: that many
-    ipc_host: bool = False
-    network: bool = False
-    time_limit_s: float | None = None
-    outputs: tuple[str, ...] = ()
-    output_schema: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,26 +60,6 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
-
-
-def hub_cache_dir() -> Path:
-    """Where hub downloads land on the host: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else ~/.cache/huggingface/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return Path(home) / "hub"
-
-
-def resolve_path(path: str) -> Path:
-    """A relative path is taken from the current directory, else from the kit's checkout (examples/…)."""
-    candidate = Path(path)
-    if candidate.is_absolute() or candidate.exists():
-        return candidate
-    root = repo_root()
-    if root is not None and (root / candidate).exists():
-        return root / candidate
-    packaged = examples_dir().parent / candidate  # inside an installed wheel
-    return packaged if packaged.exists() else candidate
 
 
 def load_prompts(path: str) -> Prompts:
@@ -172,9 +124,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
     gpus = 0 if config.device == "cpu" else -1
     steps: list[Step] = []
     if downloads:
-        argv = ["python", "-m", "draftscope", "fetch", "--cache", CACHE_MOUNT]
-        for d in downloads:
-            argv += ["--repo", d.repo, "--revision", d.revision or "<unpinned>"]
+        argv = fetch_argv(CACHE_MOUNT, [(d.repo, d.revision) for d in downloads])
         steps.append(
             Step(
                 name="fetch",

@@ -190,8 +190,8 @@ def _belongs_to(pgid: int, run: Path) -> bool:
 def _close(
     run: RunDir, manifest: Mapping[str, Any], info: Mapping[str, Any], left: list[str], cut: int
 ) -> dict[str, Any]:
-    from draftscope.analysis.reproduce import config_of
     from draftscope.bench.plan import plan_benchmark
+    from draftscope.bench.reproduce import config_of
     from draftscope.bench.supervisor import finish
 
     plan = plan_benchmark(config_of(run.path, manifest), str(run.path))

@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.bench.plan import Plan, plan_benchmark
-from draftscope.bench.summary import read_records, summarize
 from draftscope.bench.worker import FAILPOINT
+from draftscope.core import hardware
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
-from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime, get_runtime
+from draftscope.core.summary import read_records, summarize
+from draftscope.runtime import Context, Outcome, Runtime, get_runtime
 from draftscope.runtime.base import interrupted_reason, sigterm_interrupts
 
 Printer = Callable[[str], None]
@@ -78,9 +79,8 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
             )
     if not here:
         return
-    if isinstance(runtime, ContainerRuntime):
-        for image in sorted({s.image for s in plan.steps}):
-            runtime.image_facts(image)  # raises a UserError naming the image and how to build it
+    if runtime.uses_images:
+        runtime.check_images(s.image for s in plan.steps)  # a UserError naming a missing image and its build
     elif any(s.gpus for s in plan.steps):
         require_nvidia_gpu()
 
@@ -88,11 +88,9 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
 def require_nvidia_gpu() -> None:
     """A GPU step run in this environment (`--runtime local`) needs an NVIDIA GPU here; without one it is refused
     before a run directory exists. (Through a container engine, the engine's own refusal is the run's failure.)"""
-    from draftscope.ops import doctor
-
-    if doctor.nvidia_gpus_present():
+    if hardware.nvidia_gpus_present():
         return
-    other = doctor.unsupported_accelerators(doctor.Probes())
+    other = hardware.unsupported_accelerators(hardware.Probes())
     found = ", ".join(f"{a['vendor']} {a['stack']} ({a['evidence']})" for a in other)
     raise UserError(
         "no NVIDIA GPU found (neither NVML nor nvidia-smi answers)"
@@ -121,7 +119,7 @@ def run_benchmark(
     plan = plan_benchmark(config, str(output))
     runtime = get_runtime(config.runtime)
     preflight(plan, runtime)
-    from draftscope.__main__ import versions
+    from draftscope.core.provenance import versions
 
     # SIGTERM is handled like Ctrl-C from here on: during creation the half-made folder is removed, later the
     # step is stopped and the run is recorded as interrupted.
@@ -160,13 +158,7 @@ def run_benchmark(
 def _image_facts(plan: Plan, runtime: Runtime, ctx: Context) -> list[dict[str, Any]]:
     facts = []
     for step in plan.steps:
-        if isinstance(runtime, ContainerRuntime):
-            info = runtime.image_facts(step.image)
-            facts.append({"step": step.name, "runtime": runtime.name, **info})
-        else:
-            facts.append(
-                {"step": step.name, "runtime": "local", "reference": None, "id": None, "repo_digests": []}
-            )
+        facts.append({"step": step.name, "runtime": runtime.name, **runtime.image_facts(step.image)})
     return facts
 
 

@@ -53,7 +53,7 @@ def hardware(device: str, backend: str) -> dict[str, Any]:
     facts["torch_threads"] = torch.get_num_threads()
     if device == "cuda" and backend == "vllm":
         # Not through torch: after vLLM claimed its memory share, a CUDA context here would cost hundreds of MB.
-        from draftscope.ops.doctor import gpus_from_nvml
+        from draftscope.core.hardware import gpus_from_nvml
 
         gpus = gpus_from_nvml() or []
         facts["gpu"] = [g.as_dict() for g in gpus] or None
@@ -67,7 +67,7 @@ def hardware(device: str, backend: str) -> dict[str, Any]:
             "cuda": torch.version.cuda,
         }
         try:
-            from draftscope.ops.doctor import gpus_from_nvml
+            from draftscope.core.hardware import gpus_from_nvml
 
             gpus = gpus_from_nvml()
             if gpus:
@@ -79,7 +79,7 @@ def hardware(device: str, backend: str) -> dict[str, Any]:
 
 
 def run(run_dir: Path) -> int:
-    from draftscope.__main__ import versions
+    from draftscope.core.provenance import versions
 
     run_dir = Path(run_dir)
     config, prompts = load_run_inputs(run_dir)

@@ -137,8 +137,8 @@ def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, thr
     """Re-run RUN from its manifest alone (frozen config, hash-checked prompts, same runtime and images), then
     compare: greedy token ids must be identical; timing is reported as ratios."""
     from draftscope.analysis.compare import summary_lines
-    from draftscope.analysis.reproduce import reproduce as run_reproduction
     from draftscope.analysis.stats import parse_threshold
+    from draftscope.bench.reproduce import reproduce as run_reproduction
 
     if not output:
         raise UserError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from invoke import task
 
 from draftscope.cli.handler import user_errors
+from draftscope.cli.render import console
 
 
 @task(
@@ -43,6 +44,7 @@ def head_bench(
         fallback=fallback,
         repeats=int(repeats),
         output=output,
+        show=console().print,
     )
 
 
@@ -61,7 +63,9 @@ def head_study(c, run, k=64, group_size=None, output=None):
     certified and uncertified rows, margins, the K that would have sufficed, ties; schema-valid JSON."""
     from draftscope.head.study import main
 
-    main(run, k=int(k), group_size=int(group_size) if group_size else None, output=output)
+    main(
+        run, k=int(k), group_size=int(group_size) if group_size else None, output=output, show=console().print
+    )
 
 
 HEAD_TASKS = [head_bench, head_study]

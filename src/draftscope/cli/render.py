@@ -9,10 +9,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from draftscope.bench.plan import Plan, Step
+from draftscope.bench.plan import Plan
 from draftscope.core.config import to_dict
 from draftscope.core.presets import ExperimentConfig, ModelPreset
 from draftscope.core.provenance import shell_join
+from draftscope.runtime.step import Step
 
 
 def console() -> Console:

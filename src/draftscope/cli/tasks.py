@@ -338,7 +338,7 @@ def _namespace() -> Collection:
     root.add_collection(ns_images, name="images")
     for t in (*PIPELINE_TASKS, *HEAD_TASKS, *DEMO_TASKS):
         root.add_task(t)
-    from draftscope.ops.reliability import RELIABILITY_TASKS
+    from draftscope.cli.reliability import RELIABILITY_TASKS
 
     for t in RELIABILITY_TASKS:
         root.add_task(t)

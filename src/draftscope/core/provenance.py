@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -60,3 +62,17 @@ def command_line(argv: list[str] | None = None) -> list[str]:
 def shell_join(argv: list[str]) -> str:
     """For display only: the kit never runs a shell string built from user input."""
     return shlex.join(argv)
+
+
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "vllm", "sglang", "speculators", "triton")
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages a step may use, read from metadata (nothing is imported)."""
+    found: dict[str, str | None] = {"python": platform.python_version(), "draftscope": __version__}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found

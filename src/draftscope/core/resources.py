@@ -41,3 +41,15 @@ def presets_dir() -> Path:
 
 def examples_dir() -> Path:
     return _data_dir("examples")
+
+
+def resolve_path(path: str) -> Path:
+    """A relative path is taken from the current directory, else from the kit's checkout (examples/…)."""
+    candidate = Path(path)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    root = repo_root()
+    if root is not None and (root / candidate).exists():
+        return root / candidate
+    packaged = examples_dir().parent / candidate  # inside an installed wheel
+    return packaged if packaged.exists() else candidate

@@ -27,19 +27,16 @@ from typing import Any
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json, sha256_file
+from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SLURM_SUFFIX, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
 from draftscope.core.provenance import command_line, kit_info, now
+from draftscope.core.validate import validate_run
 
-MANIFEST = "manifest.json"
-RECORDS = "records.jsonl"
-SUMMARY = "summary.json"
 # Space set aside at creation and given back right before the final summary and status are written, so that a
 # disk filled during the run still has room to record how the run ended.
 RESERVE = ".space-reserve"
 RESERVE_BYTES = 1 << 20
 SUPERVISOR = ".supervisor"
 
-# The schema of the frozen `config` inside a manifest, by run kind; checked at creation and by `validate`.
-CONFIG_SCHEMAS = {"benchmark": "experiment", "reproduce": "experiment"}
 
 STATUSES = ("created", "running", "completed", "failed", "timed_out", "interrupted")
 FINAL = frozenset({"completed", "failed", "timed_out", "interrupted"})
@@ -269,8 +266,6 @@ class RunDir:
 
     def complete(self) -> dict[str, Any]:
         """Mark the run completed, but only once every artifact validates against its schema."""
-        from draftscope.ops.validate import validate_run
-
         report = validate_run(self.path, final=True)
         if not report.ok:
             raise UserError(

@@ -428,7 +428,7 @@ def _gpu_info(torch: Any) -> dict[str, Any]:
         "clocks_sm_max_mhz": None,
     }
     try:
-        from draftscope.ops.doctor import gpus_from_nvidia_smi, gpus_from_nvml
+        from draftscope.core.hardware import gpus_from_nvidia_smi, gpus_from_nvml
 
         found = gpus_from_nvml() or gpus_from_nvidia_smi()
     except Exception:  # the driver's facts are a nice-to-have; torch gave the essentials
@@ -505,8 +505,10 @@ def main(
     output: str | Path | None = None,
     *,
     quiet: bool = False,
+    show: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark, print the table, write `output` (JSON) when given; returns the report."""
+    """Run the benchmark, show progress and the table through `show` (the caller's printer: the head is a library
+    and prints nothing itself), write `output` (JSON) when given; returns the report."""
     if device not in ("cpu", "cuda"):
         raise UserError("unknown device", field="device", value=device, fix="use cpu or cuda")
     vocabs = parse_list(vocab, "vocab", int, low=K + 4)
@@ -536,11 +538,9 @@ def main(
         # The dense reference's settings (HEAD.md): no reduced-precision bf16 reduction.
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     _check_memory(device, max(vocabs), int(hidden))
-    from draftscope.cli.render import console
     from draftscope.core.provenance import command_line, kit_info, now
 
-    con = console()
-    say = (lambda *_: None) if quiet else con.print
+    say = (lambda *_: None) if quiet or show is None else show
     started = time.perf_counter()
     load_start = _load()
     big = max(vocabs)
@@ -602,9 +602,9 @@ def main(
     }
     validate_report(report)
     if not quiet:
-        con.print(table(results, rates, device))
+        say(table(results, rates, device))
         for note in notes:
-            con.print(f"  note: {note}")
+            say(f"  note: {note}")
     if out_path is not None:
         from draftscope.core.jsonio import atomic_write_json
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,7 @@ def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
 
     from safetensors import safe_open
 
-    from draftscope.bench.plan import hub_cache_dir
-    from draftscope.pipeline.base import hub_snapshot
+    from draftscope.core.hub import hub_cache_dir, hub_snapshot
 
     repo = config.get("model") or preset.hub.repo
     revision = config.get("revision") or preset.hub.revision
@@ -223,8 +223,15 @@ def figures(result: dict[str, Any], calls_margins: dict[str, list[float]] | None
     return paths
 
 
-def main(run: str, *, k: int, group_size: int | None, output: str | None) -> tuple[dict[str, Any], Path]:
-    from draftscope.cli.render import console
+def main(
+    run: str,
+    *,
+    k: int,
+    group_size: int | None,
+    output: str | None,
+    show: Callable[[Any], None] = lambda *_: None,
+) -> tuple[dict[str, Any], Path]:
+    """Replay a run's captures; `show` is the caller's printer (the head prints nothing itself)."""
     from draftscope.core.jsonio import atomic_write_json
     from draftscope.core.schema import check
 
@@ -245,7 +252,6 @@ def main(run: str, *, k: int, group_size: int | None, output: str | None) -> tup
         ) from None
     atomic_write_json(folder / "study.json", result)
     pngs = figures(result, None, folder)
-    out = console()
-    out.print(table(result))
-    out.print(f"study: {folder / 'study.json'} and {len(pngs)} figure(s)")
+    show(table(result))
+    show(f"study: {folder / 'study.json'} and {len(pngs)} figure(s)")
     return result, folder

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftscope.bench.summary import read_records
 from draftscope.core.errors import UserError
+from draftscope.core.summary import read_records
 
 PROMPTS = "examples/prompts.json"
 REPEATS = 3

@@ -50,12 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from draftscope import __version__
-from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT
 from draftscope.core.errors import UserError
 from draftscope.core.provenance import now
 from draftscope.core.rundir import RESERVE, SUPERVISOR
 from draftscope.pipeline.base import INPUTS_MOUNT, MODELS_MOUNT, SPECULATORS_SCRIPTS
 from draftscope.runtime.container import HOME_ENV
+from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT
 
 # Record fields that hold text or token ids, wherever they appear in a record (`extra` included). Token ids are
 # text: anyone with the tokenizer decodes them.

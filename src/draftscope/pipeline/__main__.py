@@ -41,7 +41,7 @@ def write_result(
 ) -> None:
     if not path:
         return
-    from draftscope.__main__ import versions
+    from draftscope.core.provenance import versions
 
     save_result(
         Path(path),

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT, Mount, hub_cache_dir
 from draftscope.core.errors import UserError
+from draftscope.core.hub import hub_cache_dir, hub_snapshot
 from draftscope.core.presets import ModelPreset
 from draftscope.pipeline.config import Instance, PipelineConfig
+from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount
 
 # Container paths besides the run directory (RUN_MOUNT) and the hub cache (CACHE_MOUNT).
 MODELS_MOUNT = "/draftscope/models"
@@ -130,13 +131,6 @@ class Stage:
 
 
 # --- paths ---------------------------------------------------------------------------------------------------
-
-
-def hub_snapshot(cache: str, repo: str, revision: str) -> str:
-    """The hub cache's folder for one pinned snapshot (huggingface_hub's layout): the revision is in the path, so
-    a later download of the same repository cannot change what a stage loads."""
-    owner, name = repo.split("/", 1)
-    return f"{cache.rstrip('/')}/models--{owner}--{name}/snapshots/{revision}"
 
 
 def chat_input(ctx: StageContext) -> Artifact:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from draftscope.bench.plan import CACHE_MOUNT, RUN_MOUNT, Mount, Step, resolve_path
+from draftscope.core import images
 from draftscope.core.presets import ModelPreset
 from draftscope.core.provenance import shell_join
-from draftscope.ops import images
+from draftscope.core.resources import resolve_path
 from draftscope.pipeline.base import (
     INPUTS_MOUNT,
     Artifact,
@@ -28,6 +28,7 @@ from draftscope.pipeline.base import (
     scripts_dir,
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
+from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount, Step
 
 CHAT_MOUNT = f"{INPUTS_MOUNT}/chat.jsonl"
 PROMPTS_MOUNT = f"{INPUTS_MOUNT}/prompts.json"

@@ -21,15 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench.plan import CACHE_MOUNT, CREDENTIALS, Mount, Step, hub_cache_dir
+from draftscope.core import images
 from draftscope.core.errors import UserError
+from draftscope.core.hub import fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
 from draftscope.core.provenance import command_line, kit_info, now
-from draftscope.ops import images
 from draftscope.pipeline import state
-from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, StageContext, hub_snapshot
+from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, StageContext
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
-from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime
+from draftscope.runtime import Context, Outcome, Runtime
+from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, Mount, Step
 
 Printer = Callable[[str], None]
 
@@ -61,18 +62,7 @@ def fetch_step(plan: PipelinePlan) -> Step | None:
     cache = hub_cache_dir()
     if Path(hub_snapshot(str(cache), preset.hub.repo, preset.hub.revision)).is_dir():
         return None
-    argv = (
-        "python",
-        "-m",
-        "draftscope",
-        "fetch",
-        "--cache",
-        CACHE_MOUNT,
-        "--repo",
-        preset.hub.repo,
-        "--revision",
-        preset.hub.revision,
-    )
+    argv = tuple(fetch_argv(CACHE_MOUNT, [(preset.hub.repo, preset.hub.revision)]))
     return Step(
         name="fetch",
         image=images.STEP_IMAGES["fetch"],
@@ -91,7 +81,7 @@ def _produced_by_earlier(path: Path, produced: list[Path]) -> bool:
 def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) -> None:
     """Everything that can be refused before anything is written: unpinned targets, missing inputs (external,
     or produced by a stage that is neither selected nor completed), GPU stages without a GPU, missing images."""
-    from draftscope.ops.doctor import nvidia_gpus_present
+    from draftscope.core.hardware import nvidia_gpus_present
 
     ctx = plan.context
     preset = plan.preset
@@ -141,12 +131,8 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
         if name in used and not path.is_file():
             raise UserError("input file not found", field=name, value=str(path), fix="check the path")
     check_chat_rows(plan)
-    if isinstance(runtime, ContainerRuntime):
-        needed = {sp.step.image for sp in plan.stages}
-        if fetch_step(plan) is not None:
-            needed.add(images.STEP_IMAGES["fetch"])
-        for image in sorted(needed):
-            runtime.image_facts(image)  # a UserError naming the image and how to build it
+    fetch = fetch_step(plan)
+    runtime.check_images([sp.step.image for sp in plan.stages] + ([fetch.image] if fetch else []))
 
 
 def check_chat_rows(plan: PipelinePlan) -> None:
@@ -388,6 +374,4 @@ def _check_outputs(sp: StagePlan) -> str | None:
 
 
 def _image_facts(step: Step, runtime: Runtime) -> dict[str, Any]:
-    if isinstance(runtime, ContainerRuntime):
-        return {"name": step.image, **runtime.image_facts(step.image)}
-    return {"name": step.image, "reference": None, "id": None, "repo_digests": []}
+    return {"name": step.image, **runtime.image_facts(step.image)}

@@ -11,12 +11,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from draftscope.bench.plan import Step
+from draftscope.runtime.step import Step
 
 # Variables a step may receive from the host environment, by name, besides the step's own. Credentials are
 # passed by name only (their values never enter an argv, a log line the kit writes, or a manifest).
@@ -96,11 +96,38 @@ class Outcome:
 
 
 class Runtime(Protocol):
+    """What callers may ask a runtime; they never test its class. `uses_images` says whether steps run in their
+    images (docker, podman) or in this Python environment (local)."""
+
     name: str
+    uses_images: bool
 
     def argv(self, step: Step, ctx: Context) -> list[str]: ...
 
     def run(self, step: Step, ctx: Context) -> Outcome: ...
+
+    def image_facts(self, image: str) -> dict[str, Any]:
+        """Reference, id and repo digests of the image a step runs in (all None when it runs locally)."""
+        ...
+
+    def check_images(self, images: Iterable[str]) -> None:
+        """A UserError naming the first image that is not there and how to build it; nothing to check locally."""
+        ...
+
+    def image_reference(self, image: str) -> str | None:
+        """The reference a step's image runs under, or None when steps do not run in images."""
+        ...
+
+    def with_host_network(self) -> Runtime:
+        """The same runtime with its containers on the node's network (torchrun across nodes)."""
+        ...
+
+    def with_recorded_image(self, facts: Mapping[str, Any]) -> Runtime:
+        """The same argv, with image facts already read elsewhere (a merge job on a node without the engine)."""
+        ...
+
+
+NO_IMAGE: dict[str, Any] = {"reference": None, "id": None, "repo_digests": []}
 
 
 def container_name(ctx: Context, step: str) -> str:

@@ -14,12 +14,12 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench.plan import RUN_MOUNT, Step
 from draftscope.core.errors import UserError
-from draftscope.ops.images import image_reference
+from draftscope.core.images import image_reference
 from draftscope.runtime.base import (
     ENV_ALLOW,
     Context,
@@ -30,6 +30,7 @@ from draftscope.runtime.base import (
     outcome_from_exit,
     supervise,
 )
+from draftscope.runtime.step import RUN_MOUNT, Step
 
 # Writable places for a user that has no home in the image.
 HOME_ENV = {
@@ -48,6 +49,8 @@ class ContainerRuntime:
             raise ValueError(engine)
         self.name = engine
         self.engine = engine
+
+    uses_images = True
 
     # -- the argv ----------------------------------------------------------------------------------------
 
@@ -181,6 +184,48 @@ class ContainerRuntime:
             )
         (info,) = json.loads(result.stdout)
         return {"reference": ref, "id": info.get("Id"), "repo_digests": list(info.get("RepoDigests") or [])}
+
+    def check_images(self, images: Iterable[str]) -> None:
+        for image in sorted(set(images)):
+            self.image_facts(image)  # raises a UserError naming the image and how to build it
+
+    def image_reference(self, image: str) -> str | None:
+        return image_reference(image)
+
+    def with_host_network(self) -> ContainerRuntime:
+        return HostNetworkRuntime(self.engine)
+
+    def with_recorded_image(self, facts: Mapping[str, Any]) -> ContainerRuntime:
+        return RecordedImage(self.engine, facts)
+
+
+class HostNetworkRuntime(ContainerRuntime):
+    """docker/podman for a training step spread over nodes: NCCL and torchrun's rendezvous talk between nodes,
+    which `--network none` forbids; the container shares its node's network instead."""
+
+    def argv(self, step: Step, ctx: Context) -> list[str]:
+        argv = super().argv(step, ctx)
+        if "--network" in argv:
+            argv[argv.index("--network") + 1] = "host"
+        else:
+            argv[argv.index("--init") + 1 : argv.index("--init") + 1] = ["--network", "host"]
+        return argv
+
+
+class RecordedImage(ContainerRuntime):
+    """The engine's argv (a record's command and fingerprint are a run's), and image facts read where the step ran;
+    it never calls the engine, which a merge job's node may lack."""
+
+    def __init__(self, engine: str, facts: Mapping[str, Any]) -> None:
+        super().__init__(engine)
+        self.facts = {
+            "reference": facts.get("reference"),
+            "id": facts.get("id"),
+            "repo_digests": list(facts.get("repo_digests") or []),
+        }
+
+    def image_facts(self, image: str) -> dict[str, Any]:
+        return dict(self.facts)
 
 
 def _image_missing(stderr: str) -> bool:

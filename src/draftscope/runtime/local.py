@@ -12,11 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from draftscope.bench.plan import RUN_MOUNT, Step
 from draftscope.runtime.base import (
     ENV_ALLOW,
+    NO_IMAGE,
     Context,
     Outcome,
     die_with_parent,
@@ -24,6 +25,7 @@ from draftscope.runtime.base import (
     outcome_from_exit,
     supervise,
 )
+from draftscope.runtime.step import RUN_MOUNT, Step
 
 
 def _mapper(step: Step, ctx: Context) -> Callable[[str], str]:
@@ -41,6 +43,22 @@ def _mapper(step: Step, ctx: Context) -> Callable[[str], str]:
 
 class LocalRuntime:
     name = "local"
+    uses_images = False  # the in-container argv runs in this Python environment
+
+    def image_facts(self, image: str) -> dict[str, Any]:
+        return dict(NO_IMAGE)
+
+    def check_images(self, images: Iterable[str]) -> None:
+        return None
+
+    def image_reference(self, image: str) -> str | None:
+        return None
+
+    def with_host_network(self) -> LocalRuntime:
+        return self  # local processes already share the host's network
+
+    def with_recorded_image(self, facts: Mapping[str, Any]) -> LocalRuntime:
+        return self
 
     def argv(self, step: Step, ctx: Context) -> list[str]:
         rewrite = _mapper(step, ctx)

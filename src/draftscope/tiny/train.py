@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from draftscope.bench.decode import speculative_generate
+from draftscope.decode import speculative_generate
 
 Progress = Callable[[str, int, int, float], None]  # (phase, step, steps, loss)
 

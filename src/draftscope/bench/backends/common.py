@@ -31,7 +31,7 @@ def choose_dtype(requested: str, device: str, capability: tuple[int, int] | None
         return requested
     if device == "cpu":
         return "float32"
-    from draftscope.ops.doctor import dtype_for_capability
+    from draftscope.core.hardware import dtype_for_capability
 
     if capability is None:
         return "float16"

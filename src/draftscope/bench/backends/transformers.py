@@ -1,5 +1,5 @@
 """The Transformers backend: plain greedy decoding, or greedy speculative decoding with a draft model through the
-kit's own verification loop (`draftscope.bench.decode`). Per-token timestamps come from that loop."""
+kit's own verification loop (`draftscope.decode`). Per-token timestamps come from that loop."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ class TransformersBackend:
         return [int(i) for i in ids]
 
     def generate(self, input_ids: list[int], *, max_new_tokens: int, ignore_eos: bool):
-        from draftscope.bench import decode
+        from draftscope import decode
 
         kwargs = {
             "max_new_tokens": max_new_tokens,

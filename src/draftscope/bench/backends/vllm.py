@@ -402,7 +402,7 @@ class VllmBackend:
         return [int(i) for i in ids]
 
     def generate(self, input_ids: list[int], *, max_new_tokens: int, ignore_eos: bool):
-        from draftscope.bench.decode import Generation
+        from draftscope.decode import Generation
 
         params = _symbol("SamplingParams")(
             **sampling_kwargs(max_new_tokens, ignore_eos),

@@ -43,11 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftscope.bench.plan import Plan, hub_cache_dir, plan_benchmark
+from draftscope.bench.plan import Plan, plan_benchmark
 from draftscope.core.errors import UserError
+from draftscope.core.hub import fetch_argv, hub_cache_dir
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.provenance import now
+from draftscope.core.rundir import SLURM_SUFFIX, slurm_folder_of
 from draftscope.execute.slurm import client, jobs
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ if TYPE_CHECKING:
     from draftscope.execute.slurm.states import JobState
 
 Printer = Callable[[str], None]
-SUFFIX = ".slurm"  # <run>.slurm/: the job's files, beside the run directory
+SUFFIX = SLURM_SUFFIX
 SCRIPT_FILE = "benchmark.sbatch"
 JOB_FILE = "benchmark.json"
 LOG_FILE = "slurm-%j.out"
@@ -68,11 +70,6 @@ TEST_TIME_ENV = "DRAFTSCOPE_TEST_SLURM_JOB_TIME_S"
 FINAL_POLL_S = 1.0  # once the run's manifest is final, the job ends within seconds: ask Slurm this often
 SCHEMA_VERSION = 1
 KEY = "benchmark"  # the job's key in jobs.json and Slurm's messages
-
-
-def folder_of(output: Path) -> Path:
-    output = Path(output).absolute()
-    return output.parent / f"{output.name}{SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -89,7 +86,7 @@ class BenchmarkJob:
 
     @property
     def folder(self) -> Path:
-        return folder_of(self.output)
+        return slurm_folder_of(self.output)
 
     @property
     def script(self) -> Path:
@@ -114,7 +111,7 @@ def gpus_used(plan: Plan) -> int:
 
 
 def snapshots_cached(plan: Plan) -> bool:
-    from draftscope.pipeline.base import hub_snapshot
+    from draftscope.core.hub import hub_snapshot
 
     return all(
         d.revision is not None and Path(hub_snapshot(d.destination, d.repo, d.revision)).is_dir()
@@ -129,9 +126,7 @@ def time_limit(plan: Plan) -> tuple[float | None, float, str]:
         return float(forced), 0.0, f"{forced} s from {TEST_TIME_ENV} (tests only), in whole minutes"
     unbounded = [s.name for s in plan.steps if s.time_limit_s is None]
     if unbounded and not (unbounded == ["fetch"] and snapshots_cached(plan)):
-        fetch = ["python", "-m", "draftscope", "fetch", "--cache", str(hub_cache_dir())]
-        for d in plan.downloads:
-            fetch += ["--repo", d.repo, "--revision", d.revision or "<unpinned>"]
+        fetch = fetch_argv(str(hub_cache_dir()), [(d.repo, d.revision) for d in plan.downloads])
         return (
             None,
             MARGIN_S,

@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from draftscope.bench.plan import Step
 from draftscope.core.errors import UserError
 from draftscope.pipeline.config import PipelineConfig, SlurmStageOptions
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
-from draftscope.runtime import ContainerRuntime, Context, Runtime
+from draftscope.runtime import Context, Runtime
+from draftscope.runtime.step import Step
 
 SLURM_DIR = "slurm"
 PLAN_FILE = "plan.json"
@@ -174,19 +174,6 @@ def torchrun_template(step: Step, port: int) -> Step:
     return replace(step, argv=argv)
 
 
-class HostNetworkRuntime(ContainerRuntime):
-    """docker/podman for a training step spread over nodes: NCCL and torchrun's rendezvous talk between nodes,
-    which `--network none` forbids; the container shares its node's network instead."""
-
-    def argv(self, step: Step, ctx: Context) -> list[str]:
-        argv = super().argv(step, ctx)
-        if "--network" in argv:
-            argv[argv.index("--network") + 1] = "host"
-        else:
-            argv[argv.index("--init") + 1 : argv.index("--init") + 1] = ["--network", "host"]
-        return argv
-
-
 def record_step(sp: StagePlan, runtime: Runtime, config: PipelineConfig) -> tuple[StagePlan, Runtime]:
     """What a stage's record says ran, and through which runtime: the step itself, or for training across nodes
     the rendezvous template through the host-network runtime. The host's skip check and the job's record use
@@ -194,9 +181,7 @@ def record_step(sp: StagePlan, runtime: Runtime, config: PipelineConfig) -> tupl
     if kind_of(sp) != "torchrun":
         return sp, runtime
     template = torchrun_template(sp.step, config.slurm.rdzv_port)
-    if isinstance(runtime, ContainerRuntime):
-        runtime = HostNetworkRuntime(runtime.engine)
-    return replace(sp, step=template), runtime
+    return replace(sp, step=template), runtime.with_host_network()
 
 
 # --- resources ------------------------------------------------------------------------------------------------

@@ -27,15 +27,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench.plan import Step
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.provenance import now
 from draftscope.core.schema import check as check_schema
 from draftscope.execute.slurm import jobs, planfile, shards, states
-from draftscope.ops.images import image_reference
 from draftscope.pipeline.plan import StagePlan
-from draftscope.runtime import ContainerRuntime, Context, Outcome, Runtime
+from draftscope.runtime import Context, Outcome, Runtime
+from draftscope.runtime.step import Step
 
 Say = Callable[[str], None]
 
@@ -200,7 +199,7 @@ def run_shard(loaded: planfile.Loaded, shard: int, *, stage: str = shards.STAGE,
             {"schema_version": 1, "stage": stage, "commands": [c.to_dict() for c in commands]},
         )
     # The image's facts, read where it runs (the merge job's node may have no engine); a missing image fails here.
-    image = runtime.image_facts(sp.step.image) if isinstance(runtime, ContainerRuntime) else None
+    image = runtime.image_facts(sp.step.image) if runtime.uses_images else None
     shards.result_path(workdir, shard, stage).unlink(missing_ok=True)
     (workdir / "logs" / shards.step_name(shard, stage)).mkdir(parents=True, exist_ok=True)
     if stage == shards.HSEXTRACT:
@@ -331,7 +330,7 @@ def skip_reason(workdir: Path, sp: StagePlan, runtime: Runtime) -> str | None:
     from draftscope.pipeline import state
 
     ctx = Context(run_dir=workdir, run_id=workdir.name)
-    reference = image_reference(sp.step.image) if isinstance(runtime, ContainerRuntime) else None
+    reference = runtime.image_reference(sp.step.image)
     config_hash = state.config_sha256(
         runtime.argv(sp.step, ctx), [c.to_dict() for c in sp.commands], reference
     )
@@ -425,9 +424,9 @@ def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
     plan = loaded.plan
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
     runtime = loaded.runtime
-    if isinstance(runtime, ContainerRuntime):
+    if runtime.uses_images:
         image = next((o["image"] for o in outcomes if o and o.get("image")), None)
-        runtime = RecordedImage(runtime.engine, image or {"reference": image_reference(sp.step.image)})
+        runtime = runtime.with_recorded_image(image or {"reference": runtime.image_reference(sp.step.image)})
     say(f"{stage}: merging the {count} shard(s) of job array {array or '?'} here, in the kit's environment")
 
     def execute(step: Step, ctx: Context) -> Outcome:
@@ -482,22 +481,6 @@ def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
         preconditions=False,
     )
     return 0 if outcome.status in ("completed", "skipped") else 1
-
-
-class RecordedImage(ContainerRuntime):
-    """The merge job's runtime: the engine's argv (the record's command and fingerprint are a run's), and the image
-    facts the shards read where they ran; it never calls the engine, which the merge job's node may lack."""
-
-    def __init__(self, engine: str, facts: dict[str, Any]) -> None:
-        super().__init__(engine)
-        self.facts = {
-            "reference": facts.get("reference"),
-            "id": facts.get("id"),
-            "repo_digests": list(facts.get("repo_digests") or []),
-        }
-
-    def image_facts(self, image: str) -> dict[str, Any]:
-        return dict(self.facts)
 
 
 def cleanup(plan_file: Path, stage: str, *, shard: int | None = None, check: bool = False) -> int:

@@ -36,7 +36,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench.plan import Step
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.schema import check
@@ -45,6 +44,7 @@ from draftscope.execute.slurm.states import JobState, worst
 from draftscope.pipeline.base import Command, ResolvedInstance, StageContext
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
 from draftscope.runtime import Context, Outcome, Runtime
+from draftscope.runtime.step import Step
 
 STAGE = "regen"
 HSEXTRACT = "hsextract"

@@ -68,10 +68,10 @@ def config_of(path: Path, manifest: Mapping[str, Any]) -> ExperimentConfig:
 def image_checks(run: Run, config: ExperimentConfig, output: Path, *, allow_drift: bool) -> dict[str, Any]:
     """Compare the recorded image of each step with what the engine has now."""
     from draftscope.bench.plan import plan_benchmark
-    from draftscope.runtime import ContainerRuntime, get_runtime
+    from draftscope.runtime import get_runtime
 
     runtime = get_runtime(config.runtime)
-    if not isinstance(runtime, ContainerRuntime):
+    if not runtime.uses_images:
         return {"image_check": "skipped_local_runtime", "images": [], "notes": [LOCAL_NOTE]}
     steps = {s.name: s for s in plan_benchmark(config, str(output)).steps}
     images, drift = [], []

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from draftscope.core.jsonio import iter_jsonl
-from draftscope.core.rundir import RECORDS
+from draftscope.core.layout import RECORDS
 
 
 def stat(values: Iterable[float | int | None]) -> dict[str, float] | None:

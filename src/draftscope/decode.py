@@ -1,4 +1,5 @@
-"""The kit's own greedy decode loops for the Transformers backend: plain and speculative, batch one.
+"""The kit's own greedy decode loops for Transformers models (the transformers backend, the tiny models' build):
+plain and speculative, batch one. A library: torch and transformers only, imported by the code that runs a model.
 
 Both loops keep a KV cache (`DynamicCache`), take the argmax with ties to the lowest index, and stamp every token
 with the time it became available, so `decode_tok_s` is measured for Transformers too. There is no prefix cache

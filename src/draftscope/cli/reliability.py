@@ -1,0 +1,78 @@
+"""`invoke reliability`: run the fault-injection suite and print its figures (draftscope.ops.reliability)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from invoke import Exit, task
+
+from draftscope.cli.handler import user_errors
+from draftscope.core.errors import UserError
+from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figures, seed_from_env
+
+# --- the task ---------------------------------------------------------------------------------------------------
+
+
+@task(
+    help={
+        "seed": f"seed for the random kill points (default {DEFAULT_SEED}, or ${SEED_ENV})",
+        "pytest_args": "extra pytest arguments, e.g. '-x' or '-k benchmark'",
+    }
+)
+@user_errors
+def reliability(c, seed=None, pytest_args=""):
+    """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus, search outputs for a planted
+    secret; print faults injected/survived, bad inputs tried/refused, records lost, torn lines, secrets found."""
+    import shlex
+
+    from draftscope.core.resources import repo_root
+
+    root = repo_root()
+    if root is None or not (root / "tests" / "reliability").is_dir():
+        raise UserError("the reliability suite lives in the kit's checkout", fix="run it from a git checkout")
+    chosen = seed_from_env() if seed is None else _seed(seed)
+    with tempfile.TemporaryDirectory(prefix="draftscope-reliability-") as tmp:
+        out = Path(tmp) / "figures.json"
+        env = {**os.environ, FIGURES_ENV: str(out), SEED_ENV: str(chosen)}
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "reliability",
+            "tests/reliability",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *shlex.split(pytest_args),
+        ]
+        print(f"reliability suite, seed {chosen}: {shlex.join(argv[1:])}", flush=True)
+        code = subprocess.run(argv, cwd=root, env=env, check=False).returncode
+        if not out.is_file():
+            raise Exit(f"the suite wrote no figures (pytest exit code {code})", code=code or 1)
+        figures = Figures.from_dict(json.loads(out.read_text(encoding="utf-8")))
+    print("\n".join(["== reliability figures", *figures.lines()]))
+    extra = shlex.split(pytest_args)
+    selected = any(a.startswith("-k") or "::" in a or a.startswith("tests") for a in extra)
+    short = [] if selected else figures.shortfalls()  # a selection of tests cannot meet the totals
+    if code != 0 or short:
+        raise Exit(
+            "reliability: " + "; ".join([*short, *([f"pytest exit code {code}"] if code else [])]), code=1
+        )
+    print(f"reliability: every bound met (rerun these kill points with --seed {chosen})")
+
+
+def _seed(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UserError("expected an integer", field="--seed", value=value) from None
+
+
+RELIABILITY_TASKS = [reliability]

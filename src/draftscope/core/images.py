@@ -1,0 +1,127 @@
+"""The kit's images as every layer needs to know them: their names, which image runs which step, and the
+reference each is built and run under (`images/images.lock.json` in a checkout, else the default).
+
+The rest of the image machinery (Dockerfiles, lock files, build/push/pull argv) is `draftscope.ops.images`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from draftscope import __version__
+from draftscope.core import schema
+from draftscope.core.errors import UserError
+from draftscope.core.resources import repo_root as _checkout
+
+IMAGES = ("transformers", "vllm", "train", "sglang")
+
+# Which image runs which step.
+STEP_IMAGES = {
+    "benchmark:transformers": "transformers",
+    "benchmark:vllm": "vllm",
+    "fetch": "transformers",
+    "regen": "vllm",
+    "pretokenize": "train",
+    "prepare": "train",
+    "hsextract": "train",
+    "train": "train",
+    "convert": "train",
+    "serve": "sglang",
+    "bench": "sglang",
+}
+
+LOCK_FILE = "images.lock.json"
+SOURCE_URL = "https://github.com/draftscope/draftscope"
+
+
+# --- names and references -----------------------------------------------------------------------------------
+
+
+def _check_name(name: str) -> None:
+    if name not in IMAGES:
+        raise UserError(f"no image named '{name}'", field="image", fix=f"choose one of: {', '.join(IMAGES)}")
+
+
+def _default_reference(name: str) -> str:
+    # `localhost/` keeps engines from looking the name up in a registry.
+    return f"localhost/draftscope-{name}:{__version__}"
+
+
+def image_reference(name: str) -> str:
+    """The reference an image is built and run under: from images.lock.json in a checkout, else the default."""
+    _check_name(name)
+    try:
+        entry = load_lock()["images"].get(name)
+    except UserError:
+        entry = None
+    return entry["reference"] if entry else _default_reference(name)
+
+
+def split_reference(reference: str) -> tuple[str, str | None, str | None]:
+    """`repo[:tag][@sha256:…]` → (repo, tag, digest). A port in the registry host is not a tag."""
+    ref, _, digest = reference.partition("@")
+    repo, tag = ref, None
+    head, sep, tail = ref.rpartition(":")
+    if sep and "/" not in tail:
+        repo, tag = head, tail
+    return repo, tag, digest or None
+
+
+# --- the checkout and images.lock.json ----------------------------------------------------------------------
+
+
+def repo_root() -> Path:
+    """The checkout the images are built from; a UserError when the kit runs from an installed wheel."""
+    root = _checkout()
+    if root is None or not (root / "images").is_dir():
+        raise UserError(
+            "the images are built from a checkout of the kit, and this is an installed copy",
+            fix=f"clone {SOURCE_URL} and run the task there",
+        )
+    return root
+
+
+def lock_path(root: Path | None = None) -> Path:
+    return (root or repo_root()) / "images" / LOCK_FILE
+
+
+def load_lock(path: Path | None = None) -> dict[str, Any]:
+    """images.lock.json, validated against schemas/images-lock.schema.json."""
+    path = path or lock_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist", fix="restore it from the repository") from None
+    except ValueError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})", fix="restore it from the repository") from None
+    schema.check(data, "images-lock", str(path))
+    return data
+
+
+def lock_entry(name: str, lock: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    _check_name(name)
+    lock = lock if lock is not None else load_lock()
+    entry = lock["images"].get(name)
+    if entry is None:
+        raise UserError(f"image '{name}' is missing from images/{LOCK_FILE}", fix="restore the file")
+    return entry
+
+
+def base_reference(entry: Mapping[str, Any]) -> str:
+    """The base as FROM sees it: `ref@digest` when the digest is known, else the bare reference."""
+    base = entry["base"]
+    return f"{base['reference']}@{base['digest']}" if base["digest"] else base["reference"]
+
+
+def unpinned(lock: Mapping[str, Any]) -> list[str]:
+    """One line per thing images.lock.json leaves unpinned (bases without a digest, missing commits)."""
+    lines = []
+    for name, entry in lock["images"].items():
+        if not entry["base"]["digest"]:
+            lines.append(f"{name}: base {entry['base']['reference']} is not pinned by digest")
+        if name == "train" and not entry["versions"].get("speculators_commit"):
+            lines.append(f"{name}: the speculators scripts are not pinned to a commit")
+    return lines

@@ -1,0 +1,141 @@
+"""A run directory's artifacts against their schemas, one verdict per file: the manifest (and the config in it),
+the copied inputs' hashes, the records, the summary, and the Slurm ledger beside it (`<run>.slurm/jobs.json`) when
+the run was submitted. The run directory checks itself with this before it is marked completed; `invoke validate`
+(draftscope.ops.validate) adds pipeline workdirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftscope.core import schema as schemas
+from draftscope.core.errors import UserError
+from draftscope.core.jsonio import iter_jsonl, read_json, sha256_file
+from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SUMMARY, slurm_folder_of
+
+# Kinds whose completed runs must have a summary.json.
+SUMMARY_KINDS = frozenset({"benchmark", "reproduce"})
+
+
+@dataclass
+class Verdict:
+    file: str
+    schema: str | None
+    ok: bool
+    detail: str = ""
+
+    def line(self) -> str:
+        tag = "ok  " if self.ok else "FAIL"
+        what = f" ({self.schema})" if self.schema else ""
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{tag} {self.file}{what}{detail}"
+
+
+@dataclass
+class Report:
+    run: Path
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+    def add(self, file: str, schema: str | None, problems: list[str]) -> None:
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            self.verdicts.append(Verdict(file, schema, False, problems[0] + more))
+        else:
+            self.verdicts.append(Verdict(file, schema, True))
+
+    def first_failure(self) -> str:
+        for v in self.verdicts:
+            if not v.ok:
+                return f"{v.file}: {v.detail}"
+        return ""
+
+
+def _schema_problems(instance: object, schema: str, prefix: str = "$") -> list[str]:
+    return [f"{prefix}{p.path[1:]}: {p.message}" for p in schemas.problems(instance, schema)]
+
+
+def validate_run(path: Path, *, final: bool = False) -> Report:
+    """Validate a run directory. `final` demands the artifacts of a finished run (the summary) now."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError("no such run directory", source=str(path), fix="give a folder a run created")
+    report = Report(path)
+
+    manifest = None
+    try:
+        manifest = read_json(path / MANIFEST)
+    except UserError as exc:
+        report.add(MANIFEST, "run-manifest", [f"$: {exc.message}"])
+    if manifest is not None:
+        problems = _schema_problems(manifest, "run-manifest")
+        config_schema = CONFIG_SCHEMAS.get(manifest.get("kind")) if isinstance(manifest, dict) else None
+        if not problems and config_schema:
+            problems += _schema_problems(manifest["config"], config_schema, prefix="$.config")
+        if not problems:
+            problems += _input_problems(path, manifest)
+        report.add(MANIFEST, "run-manifest", problems)
+
+    kind = manifest.get("kind") if isinstance(manifest, dict) else None
+    status = manifest.get("status") if isinstance(manifest, dict) else None
+    run_id = manifest.get("run_id") if isinstance(manifest, dict) else None
+
+    n_records = None
+    if (path / RECORDS).exists():
+        problems: list[str] = []
+        n_records = 0
+        try:
+            for number, record in iter_jsonl(path / RECORDS):
+                n_records += 1
+                problems += [f"line {number}: {p}" for p in _schema_problems(record, "record")]
+        except UserError as exc:
+            problems.append(exc.message)
+        except UnicodeDecodeError as exc:
+            problems.append(f"not UTF-8 text (byte {exc.start})")
+        report.add(RECORDS, "record", problems)
+
+    if (path / SUMMARY).exists():
+        problems = []
+        try:
+            summary = read_json(path / SUMMARY)
+        except UserError as exc:
+            problems.append(f"$: {exc.message}")
+        else:
+            problems = _schema_problems(summary, "summary")
+            if not problems and run_id is not None and summary["run_id"] != run_id:
+                problems.append(f"$.run_id: '{summary['run_id']}' differs from the manifest's '{run_id}'")
+            if not problems and n_records is not None and summary["records"] != n_records:
+                problems.append(f"$.records: says {summary['records']} but records.jsonl has {n_records}")
+        report.add(SUMMARY, "summary", problems)
+    elif kind in SUMMARY_KINDS and (status == "completed" or final):
+        report.add(SUMMARY, "summary", ["missing: a completed run must have a summary.json"])
+
+    ledger = slurm_folder_of(path.absolute()) / "jobs.json"
+    if ledger.is_file():
+        _add_file(report, ledger, "slurm-jobs", f"../{ledger.parent.name}/{ledger.name}")
+    return report
+
+
+def _add_file(report: Report, file: Path, schema: str, shown: str) -> dict | None:
+    """One JSON file against its schema; the document when it could be read."""
+    try:
+        doc = read_json(file)
+    except UserError as exc:
+        report.add(shown, schema, [f"$: {exc.message}"])
+        return None
+    report.add(shown, schema, _schema_problems(doc, schema))
+    return doc
+
+
+def _input_problems(path: Path, manifest: dict) -> list[str]:
+    """Inputs copied into the run must still have the hashes the manifest recorded."""
+    problems = []
+    for index, item in enumerate(manifest.get("inputs", [])):
+        copy = path / "inputs" / Path(item["path"]).name
+        if copy.is_file() and sha256_file(copy) != item["sha256"]:
+            problems.append(f"$.inputs[{index}].sha256: inputs/{copy.name} no longer has the recorded hash")
+    return problems

@@ -1,0 +1,219 @@
+"""Building an image: the provenance stamped on it (commit, SOURCE_DATE_EPOCH), the CUDA architectures of the
+vllm image's extension, and the engine argv of a build."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from draftscope import __version__
+from draftscope.core import hardware
+from draftscope.core.errors import UserError
+from draftscope.core.images import (
+    LOCK_FILE,
+    SOURCE_URL,
+    base_reference,
+    lock_entry,
+    split_reference,
+)
+from draftscope.core.jsonio import sha256_file
+from draftscope.ops.images.lockfile import _ARCH, _COMMIT, ENGINES, WHEELS_DIR, Runner, kit_wheel_name
+
+# --- provenance of a build ----------------------------------------------------------------------------------
+
+
+def git_facts(root: Path, runner: Runner = subprocess.run) -> tuple[str | None, int | None]:
+    """(commit, commit time as a Unix epoch) of the checkout; (None, None) outside git."""
+    try:
+        done = runner(
+            ["git", "log", "-1", "--format=%H %ct"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    parts = done.stdout.split() if done.returncode == 0 else []
+    if len(parts) != 2 or not _COMMIT.match(parts[0]):
+        return None, None
+    return parts[0], int(parts[1])
+
+
+def source_date_epoch(env: Mapping[str, str], commit_time: int | None) -> int:
+    """`SOURCE_DATE_EPOCH` from the environment (reproducible-builds convention), else the commit time."""
+    value = env.get("SOURCE_DATE_EPOCH")
+    if value:
+        if not value.isdigit():
+            raise UserError("not a Unix time in seconds", field="SOURCE_DATE_EPOCH", value=value)
+        return int(value)
+    if commit_time is None:
+        raise UserError(
+            "cannot date the build: no git commit here and SOURCE_DATE_EPOCH is not set",
+            fix="build from a git checkout or export SOURCE_DATE_EPOCH=<unix seconds>",
+        )
+    return commit_time
+
+
+def rfc3339(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- CUDA architectures for the vllm image's extension ------------------------------------------------------
+
+
+def validate_cuda_arch(text: str, source: str = "--cuda-arch") -> str:
+    """Normalise `9.0`, `8.0;9.0` or `8.0 9.0` to `8.0;9.0`; reject empty lists and `all`."""
+    parts = [p for p in re.split(r"[;,\s]+", text.strip()) if p]
+    if not parts:
+        raise UserError("the CUDA architecture list is empty", field=source, fix="pass e.g. 9.0 or '8.0;9.0'")
+    bad = [p for p in parts if not _ARCH.match(p)]
+    if bad:
+        raise UserError(
+            "not a CUDA architecture (compute capability, like 8.0, 9.0a or 10.0+PTX)",
+            field=source,
+            value=bad[0],
+            fix="list the target GPUs' compute capabilities, e.g. '8.0;9.0' (never 'all')",
+        )
+    return ";".join(dict.fromkeys(parts))
+
+
+def cuda_arch_from_gpus(gpus: Sequence[Any]) -> str | None:
+    """The distinct compute capabilities of GPUs (draftscope.core.hardware.Gpu), sorted, as `8.0;9.0`."""
+    caps = sorted({g.compute_capability for g in gpus if g.compute_capability})
+    return ";".join(f"{major}.{minor}" for major, minor in caps) or None
+
+
+def host_gpus() -> list[Any]:
+    """NVIDIA GPUs of this host through draftscope.core.hardware (NVML, else nvidia-smi); empty when none."""
+    gpus = hardware.gpus_from_nvml()
+    if gpus is None:
+        gpus = hardware.gpus_from_nvidia_smi()
+    return gpus or []
+
+
+def detect_cuda_arch(
+    explicit: str | None,
+    env: Mapping[str, str],
+    gpus: Callable[[], Sequence[Any]] | None = None,
+) -> tuple[str, str]:
+    """(architecture list, where it came from): `--cuda-arch`, else `$CUDA_ARCH`, else the host's GPUs."""
+    if explicit is not None:
+        return validate_cuda_arch(explicit, "--cuda-arch"), "--cuda-arch"
+    if env.get("CUDA_ARCH", "").strip():
+        return validate_cuda_arch(env["CUDA_ARCH"], "CUDA_ARCH"), "CUDA_ARCH"
+    found = cuda_arch_from_gpus((gpus or host_gpus)())
+    if found:
+        return found, "host GPUs"
+    raise UserError(
+        "the vllm image needs the CUDA architectures to build its extension for, and this host has no NVIDIA GPU"
+        " to read them from",
+        fix="pass CUDA_ARCH=9.0 (make) or --cuda-arch '8.0;9.0' (invoke) with the target GPUs' compute capability",
+    )
+
+
+# --- build --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What `build_argv` needs besides the image name; every field is explicit so argv is a pure function."""
+
+    engine: str = "docker"
+    revision: str | None = None
+    epoch: int = 0
+    cuda_arch: str | None = None
+    base_image: str | None = None
+    torch_wheel: str | None = None
+    torch_wheel_sha256: str | None = None
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise UserError(
+            "unknown container engine", field="--engine", value=engine, fix="use docker or podman"
+        )
+    return engine
+
+
+def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> list[str]:
+    """`ENGINE build -f images/NAME/Dockerfile -t REF --build-arg … --label … .`, run from the repository root."""
+    entry = lock_entry(name, lock)
+    engine = check_engine(request.engine)
+    base = request.base_image or base_reference(entry)
+    if not entry.get("wheel_sha256"):
+        raise UserError(
+            f"images/{LOCK_FILE} records no kit wheel for image '{name}'",
+            field="wheel_sha256",
+            fix="run `make dist` (it builds the wheel and records its SHA-256), or build with `make image-NAME`",
+        )
+    args = [
+        ("BASE_IMAGE", base),
+        ("SOURCE_DATE_EPOCH", str(request.epoch)),
+        ("KIT_WHEEL", kit_wheel_name()),
+        ("KIT_WHEEL_SHA256", entry["wheel_sha256"]),
+    ]
+    if name == "vllm":
+        if not request.cuda_arch:
+            raise UserError("the vllm image needs a CUDA architecture list", field="cuda_arch")
+        args.append(("CUDA_ARCH", validate_cuda_arch(request.cuda_arch)))
+    elif request.cuda_arch:
+        raise UserError(
+            f"only the vllm image builds for a CUDA architecture list, not '{name}'", field="--cuda-arch"
+        )
+    if request.torch_wheel or request.torch_wheel_sha256:
+        if name != "transformers":
+            raise UserError(
+                f"only the transformers image takes a torch wheel, not '{name}'", field="--torch-wheel"
+            )
+        if not (request.torch_wheel and request.torch_wheel_sha256):
+            raise UserError("a torch wheel needs both its file name and its SHA-256", field="--torch-wheel")
+        args += [("TORCH_WHEEL", request.torch_wheel), ("TORCH_WHEEL_SHA256", request.torch_wheel_sha256)]
+    if name == "train" and entry["versions"].get("speculators_commit"):
+        args.append(("SPECULATORS_COMMIT", entry["versions"]["speculators_commit"]))
+    _, _, digest = split_reference(base)
+    labels = [
+        ("org.opencontainers.image.source", SOURCE_URL),
+        ("org.opencontainers.image.revision", request.revision or "unknown"),
+        ("org.opencontainers.image.version", __version__),
+        ("org.opencontainers.image.created", rfc3339(request.epoch)),
+        ("org.opencontainers.image.base.name", base),
+    ]
+    if digest:
+        labels.append(("org.opencontainers.image.base.digest", digest))
+    argv = [engine, "build", "-f", f"images/{name}/Dockerfile", "-t", entry["reference"]]
+    if engine == "podman":
+        argv += ["--format", "docker"]  # OCI format drops HEALTHCHECK
+    for key, value in args:
+        argv += ["--build-arg", f"{key}={value}"]
+    for key, value in labels:
+        argv += ["--label", f"{key}={value}"]
+    return [*argv, "."]
+
+
+def torch_wheel(root: Path, name: str) -> tuple[str, str]:
+    """(file name, SHA-256) of a torch wheel in `.wheels/` for the transformers image's CPU test path."""
+    path = Path(name)
+    if path.parent != Path("."):
+        if path.resolve().parent != (root / WHEELS_DIR).resolve():
+            raise UserError(
+                f"the torch wheel must lie in {WHEELS_DIR}/ of the checkout (the build bind-mounts it from there)",
+                field="--torch-wheel",
+                value=name,
+                fix=f"copy it into {root / WHEELS_DIR} and pass its file name",
+            )
+        path = Path(path.name)
+    wheel = root / WHEELS_DIR / path
+    if not wheel.is_file() or not wheel.name.endswith(".whl"):
+        raise UserError(
+            f"no wheel named {path} in {WHEELS_DIR}/",
+            field="--torch-wheel",
+            fix=f"copy the wheel into {root / WHEELS_DIR}",
+        )
+    return wheel.name, sha256_file(wheel)

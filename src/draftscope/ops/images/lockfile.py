@@ -1,0 +1,317 @@
+"""Dockerfiles and requirement lock files, checked against `images/images.lock.json`; the kit wheel's hash recorded
+there; the argv that re-compiles a lock."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftscope import __version__
+from draftscope.core.errors import UserError
+from draftscope.core.images import (
+    IMAGES,
+    LOCK_FILE,
+    _check_name,
+    base_reference,
+    load_lock,
+    lock_path,
+    repo_root,
+    split_reference,
+)
+from draftscope.core.jsonio import sha256_file
+
+ENGINES = ("docker", "podman")
+SPECULATORS_REPO = "https://github.com/vllm-project/speculators"
+# Where the transformers image's CPU test path finds its torch wheel (bind-mounted, never copied).
+WHEELS_DIR = ".wheels"
+# Where `make dist` leaves the kit's wheel and sdist. Every image installs that wheel, bind-mounted from here, by
+# the SHA-256 each image's entry in images.lock.json records (`wheel_sha256`).
+DIST_DIR = "dist"
+
+# `uv pip compile` target of each image's lock: (Python, platform). sglang's wheels are manylinux_2_34 only.
+LOCK_TARGETS = {
+    "transformers": ("3.11", "x86_64-manylinux_2_28"),
+    "vllm": ("3.12", "x86_64-manylinux_2_28"),
+    "train": ("3.12", "x86_64-manylinux_2_28"),
+    "sglang": ("3.12", "x86_64-manylinux_2_34"),
+}
+# images.lock.json `versions` keys that name a Python package, checked against the `==` lines of the lock.
+VERSION_PACKAGES = ("torch", "transformers", "vllm", "sglang", "speculators")
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# One CUDA architecture as TORCH_CUDA_ARCH_LIST spells it: 8.0, 9.0a, 10.0+PTX.
+_ARCH = re.compile(r"^\d{1,2}\.\d[a-f]?(\+PTX)?$")
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+def kit_wheel_name(version: str = __version__) -> str:
+    """The file name `python -m build` gives the kit's wheel (pure Python, any platform)."""
+    return f"draftscope-{version}-py3-none-any.whl"
+
+
+def record_wheel(root: Path, dist: Path | None = None) -> tuple[str, bool]:
+    """Record the SHA-256 of `dist/<kit wheel>` as every image's `wheel_sha256`: (sha256, whether it changed).
+
+    `make dist` calls this after building, so images.lock.json always names the wheel the next image build
+    installs. The wheel is reproducible (hatchling fixes times and modes), so the same tree records the same hash.
+    """
+    wheel = (dist or root / DIST_DIR) / kit_wheel_name()
+    if not wheel.is_file():
+        raise UserError(f"{wheel} does not exist", fix="build it with `make dist`")
+    from draftscope.core import schema
+
+    path = lock_path(root)
+    try:  # not load_lock: a lock that predates wheel_sha256 is valid only once it has one
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is unreadable ({exc})", fix="restore it from the repository") from None
+    digest = sha256_file(wheel)
+    changed = False
+    for entry in lock.get("images", {}).values():
+        changed |= entry.get("wheel_sha256") != digest
+        entry["wheel_sha256"] = digest
+    schema.check(lock, "images-lock", str(path))
+    if changed:
+        path.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
+    return digest, changed
+
+
+# --- Dockerfiles and lock files -----------------------------------------------------------------------------
+
+
+def dockerfile_args(text: str) -> dict[str, str | None]:
+    """`ARG NAME[=default]` declarations of a Dockerfile (the first declaration of each name wins)."""
+    found: dict[str, str | None] = {}
+    for line in _logical_lines(text):
+        match = re.match(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$", line)
+        if match and match.group(1) not in found:
+            value = match.group(2)
+            found[match.group(1)] = None if value is None else value.strip().strip('"')
+    return found
+
+
+def dockerfile_froms(text: str) -> list[str]:
+    """The image each FROM names (before `AS`), unexpanded."""
+    froms = []
+    for line in _logical_lines(text):
+        match = re.match(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", line, re.IGNORECASE)
+        if match:
+            froms.append(match.group(1))
+    return froms
+
+
+def _logical_lines(text: str) -> list[str]:
+    lines, current = [], ""
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("#") and not current:
+            continue
+        if raw.rstrip().endswith("\\"):
+            current += raw.rstrip()[:-1] + " "
+            continue
+        lines.append(current + raw)
+        current = ""
+    if current:
+        lines.append(current)
+    return lines
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One entry of a hash-pinned lock: `name==version` with its `--hash` options."""
+
+    name: str
+    version: str | None
+    hashes: tuple[str, ...]
+    line: str
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_requirements(text: str) -> list[Requirement]:
+    """The requirements of a pip/uv lock file, joining continuation lines; comments dropped."""
+    out = []
+    for line in _logical_lines(text):
+        body = line.split(" #", 1)[0].strip()
+        if not body or body.startswith("#"):
+            continue
+        hashes = tuple(re.findall(r"--hash[= ](\S+)", body))
+        spec = body.split("--hash", 1)[0].strip().split(";", 1)[0].strip()
+        match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(?:==\s*([^\s,]+))?", spec)
+        name = _normalise(match.group(1)) if match else spec
+        version = match.group(2) if match else None
+        out.append(Requirement(name, version, hashes, body))
+    return out
+
+
+def unhashed(text: str) -> list[str]:
+    """Lock entries that are not `name==version` with at least one sha256 hash."""
+    return [
+        r.line
+        for r in lock_requirements(text)
+        if r.version is None or not r.hashes or not all(h.startswith("sha256:") for h in r.hashes)
+    ]
+
+
+def pinned_versions(text: str) -> dict[str, str]:
+    return {r.name: r.version for r in lock_requirements(text) if r.version}
+
+
+def consistency_problems(root: Path | None = None, lock: Mapping[str, Any] | None = None) -> list[str]:
+    """Every way images.lock.json disagrees with the Dockerfiles and lock files; empty when consistent."""
+    root = root or repo_root()
+    lock = lock if lock is not None else load_lock(lock_path(root))
+    problems: list[str] = []
+    kit = kit_dependencies(root)
+    for name in IMAGES:
+        if name not in lock["images"]:
+            problems.append(f"{name}: missing from {LOCK_FILE}")
+            continue
+        problems += [f"{name}: {p}" for p in _image_problems(root, name, lock["images"][name], lock)]
+        pins = pinned_versions((root / "images" / name / "requirements.lock").read_text(encoding="utf-8"))
+        problems += [f"{name}: {p}" for p in _kit_problems(kit, pins)]
+    return problems
+
+
+def kit_dependencies(root: Path) -> list[str]:
+    """The kit's `[project.dependencies]`: every image installs the kit with --no-deps, so its lock needs them."""
+    import tomllib
+
+    with open(root / "pyproject.toml", "rb") as fh:
+        return list(tomllib.load(fh)["project"]["dependencies"])
+
+
+def _kit_problems(requirements: Sequence[str], pins: Mapping[str, str]) -> list[str]:
+    try:
+        from packaging.requirements import Requirement as Spec  # comes with pip's tooling, not with the kit
+    except ImportError:  # pragma: no cover - then only the names are checked
+        Spec = None
+
+    problems = []
+    for text in requirements:
+        spec = Spec(text) if Spec else None
+        name = spec.name if spec else re.split(r"[\s<>=!~;\[]", text, maxsplit=1)[0]
+        pinned = pins.get(_normalise(name))
+        if pinned is None:
+            problems.append(f"the kit needs {text} but requirements.lock lacks it")
+        elif spec and not spec.specifier.contains(pinned, prereleases=True):
+            problems.append(f"the kit needs {text} but requirements.lock pins {pinned}")
+    return problems
+
+
+def _image_problems(root: Path, name: str, entry: Mapping[str, Any], lock: Mapping[str, Any]) -> list[str]:
+    folder = root / "images" / name
+    problems = []
+    if not entry.get("wheel_sha256"):
+        problems.append("no wheel_sha256: run `make dist` to record the kit wheel's hash")
+    elif entry["wheel_sha256"] != lock["images"].get("transformers", entry).get("wheel_sha256"):
+        problems.append("wheel_sha256 differs from the transformers image's: every image installs one wheel")
+    repo, tag, _ = split_reference(entry["reference"])
+    # localhost/ for images built here; a registry's repository once published (`images.push`).
+    if not repo.endswith(f"/draftscope-{name}") or tag != entry["tag"]:
+        problems.append(f"reference {entry['reference']} is not <registry>/draftscope-{name}:{entry['tag']}")
+    if entry["tag"] != __version__:
+        problems.append(f"tag {entry['tag']} is not the kit's version {__version__}")
+    dockerfile = (folder / "Dockerfile").read_text(encoding="utf-8")
+    args = dockerfile_args(dockerfile)
+    if args.get("BASE_IMAGE") != base_reference(entry):
+        problems.append(
+            f"Dockerfile ARG BASE_IMAGE={args.get('BASE_IMAGE')} but the lock says {base_reference(entry)}"
+        )
+    if not any(f.startswith("${BASE_IMAGE}") for f in dockerfile_froms(dockerfile)):
+        problems.append("no FROM ${BASE_IMAGE} in the Dockerfile")
+    lock_file = folder / "requirements.lock"
+    if sha256_file(lock_file) != entry["lock_sha256"]:
+        problems.append(f"lock_sha256 is not the SHA-256 of {lock_file.name}")
+    text = lock_file.read_text(encoding="utf-8")
+    problems += [f"{lock_file.name}: not hash-pinned: {line}" for line in unhashed(text)]
+    pins = pinned_versions(text)
+    versions = entry["versions"]
+    for key in VERSION_PACKAGES:
+        if key not in versions:
+            continue
+        if key in pins:
+            if pins[key] != versions[key]:
+                problems.append(f"versions.{key}={versions[key]} but the lock pins {key}=={pins[key]}")
+        elif not _from_base(name, key, versions[key], entry, lock):
+            problems.append(
+                f"versions.{key}={versions[key]} is neither pinned in the lock nor given by the base"
+            )
+    cuda = versions.get("cuda")
+    runtime = pins.get("nvidia-cuda-runtime")
+    if cuda and runtime and _minor(cuda) != _minor(runtime):
+        problems.append(f"versions.cuda={cuda} but torch's CUDA runtime is {runtime}")
+    _, base_tag, _ = split_reference(entry["base"]["reference"])
+    if (
+        cuda
+        and entry["base"]["reference"].startswith("nvidia/cuda:")
+        and not (base_tag or "").startswith(cuda)
+    ):
+        problems.append(f"versions.cuda={cuda} but the base is {entry['base']['reference']}")
+    if name == "train":
+        commit = versions.get("speculators_commit")
+        if commit is not None and not _COMMIT.match(commit):
+            problems.append(f"versions.speculators_commit={commit} is not a full 40-character commit SHA")
+        if (args.get("SPECULATORS_COMMIT") or None) != commit:
+            problems.append(
+                f"Dockerfile ARG SPECULATORS_COMMIT={args.get('SPECULATORS_COMMIT')} but the lock says {commit}"
+            )
+        if versions.get("speculators") and args.get("SPECULATORS_REF") != f"v{versions['speculators']}":
+            problems.append(
+                f"Dockerfile ARG SPECULATORS_REF={args.get('SPECULATORS_REF')} is not the release tag"
+            )
+    return problems
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _from_base(name: str, key: str, version: str, entry: Mapping[str, Any], lock: Mapping[str, Any]) -> bool:
+    """A version the base image provides: vLLM from the vllm-openai tag; its torch as the train lock pins it."""
+    if name != "vllm":
+        return False
+    _, tag, _ = split_reference(entry["base"]["reference"])
+    if key == "vllm":
+        return tag == f"v{version}"
+    train = lock["images"].get("train", {}).get("versions", {})
+    # vLLM pins torch exactly: the train lock, which holds the same vLLM, shows the torch it brings.
+    return train.get("vllm") == entry["versions"].get("vllm") and train.get(key) == version
+
+
+# --- lock compilation ---------------------------------------------------------------------------------------
+
+
+def compile_argv(name: str, output: str | None = None, uv: str = "uv") -> list[str]:
+    """`uv pip compile` for one image's lock, run from the repository root (UV_PYTHON_DOWNLOADS=never)."""
+    _check_name(name)
+    python, platform = LOCK_TARGETS[name]
+    folder = f"images/{name}"
+    command = (
+        f"UV_PYTHON_DOWNLOADS=never uv pip compile --generate-hashes --python-version {python}"
+        f" --python-platform {platform} {folder}/requirements.in -o {folder}/requirements.lock"
+    )
+    return [
+        uv,
+        "pip",
+        "compile",
+        "--quiet",
+        "--generate-hashes",
+        "--python-version",
+        python,
+        "--python-platform",
+        platform,
+        "--custom-compile-command",
+        command,
+        f"{folder}/requirements.in",
+        "-o",
+        output or f"{folder}/requirements.lock",
+    ]

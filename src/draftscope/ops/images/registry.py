@@ -1,0 +1,130 @@
+"""Moving images between engines and registries: pull, push, inspect, digest resolution, and the one function
+that runs an engine argv."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from draftscope.core.errors import UserError
+from draftscope.core.images import (
+    LOCK_FILE,
+    lock_entry,
+    split_reference,
+)
+from draftscope.ops.images.build import check_engine
+from draftscope.ops.images.lockfile import _COMMIT, _DIGEST, SPECULATORS_REPO, Runner
+
+# --- pull, push, list ---------------------------------------------------------------------------------------
+
+
+def pull_argv(name: str, engine: str, lock: Mapping[str, Any]) -> list[str]:
+    """Pull a published image by digest (for reviewers); refuses images with no published digest."""
+    entry = lock_entry(name, lock)
+    repo, _, _ = split_reference(entry["reference"])
+    if not entry.get("digest") or repo.startswith("localhost/"):
+        raise UserError(
+            f"image '{name}' has no published digest in images/{LOCK_FILE}",
+            fix=f"build it here with `make image-{name}`",
+        )
+    return [check_engine(engine), "pull", f"{repo}@{entry['digest']}"]
+
+
+def push_argv(name: str, destination: str, engine: str, lock: Mapping[str, Any]) -> list[list[str]]:
+    """Tag the local image as `destination` (REGISTRY/REPO[:TAG]) and push it."""
+    entry = lock_entry(name, lock)
+    repo, tag, digest = split_reference(destination)
+    if digest or "/" not in repo or repo.startswith("localhost/"):
+        raise UserError(
+            "not a registry destination",
+            field="--to",
+            value=destination,
+            fix="pass REGISTRY/NAMESPACE/REPO[:TAG], e.g. ghcr.io/me/draftscope-vllm",
+        )
+    target = f"{repo}:{tag or entry['tag']}"
+    engine = check_engine(engine)
+    return [[engine, "tag", entry["reference"], target], [engine, "push", target]]
+
+
+def inspect_argv(name: str, engine: str, lock: Mapping[str, Any]) -> list[str]:
+    return [check_engine(engine), "image", "inspect", lock_entry(name, lock)["reference"]]
+
+
+def parse_inspect(stdout: str) -> dict[str, Any] | None:
+    """`Id`, `RepoDigests` and labels from `ENGINE image inspect` output; None when it is not an image."""
+    try:
+        data = json.loads(stdout)[0]
+    except (ValueError, LookupError, TypeError):
+        return None
+    labels = (data.get("Config") or {}).get("Labels") or data.get("Labels") or {}
+    return {"id": data.get("Id"), "repo_digests": data.get("RepoDigests") or [], "labels": labels}
+
+
+# --- lock resolution (a machine that reaches the registries) ------------------------------------------------
+
+RESOLVERS = ("buildx", "skopeo")
+
+
+def resolve_digest_argv(reference: str, tool: str) -> list[str]:
+    """Ask a registry for the digest a tag points at (the multi-platform index where there is one)."""
+    repo, tag, _ = split_reference(reference)
+    bare = f"{repo}:{tag}" if tag else repo
+    if tool == "buildx":
+        return ["docker", "buildx", "imagetools", "inspect", bare, "--format", "{{json .Manifest}}"]
+    if tool == "skopeo":
+        return ["skopeo", "inspect", "--raw", f"docker://{bare}"]
+    raise UserError("unknown resolver", field="--tool", value=tool, fix=f"use one of: {', '.join(RESOLVERS)}")
+
+
+def parse_digest(tool: str, stdout: str) -> str:
+    """The digest from `resolve_digest_argv` output: buildx names it; skopeo's raw manifest is hashed."""
+    if tool == "skopeo":
+        return "sha256:" + hashlib.sha256(stdout.encode()).hexdigest()
+    try:
+        digest = json.loads(stdout)["digest"]
+    except (ValueError, LookupError, TypeError):
+        digest = None
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise UserError(
+            "the registry answer names no digest", source="docker buildx imagetools", value=stdout
+        )
+    return digest
+
+
+def ls_remote_argv(ref: str) -> list[str]:
+    return ["git", "ls-remote", SPECULATORS_REPO, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}"]
+
+
+def parse_ls_remote(stdout: str, ref: str) -> str:
+    """The commit a tag names (the peeled `^{}` line of an annotated tag wins)."""
+    found = dict(reversed(line.split()) for line in stdout.splitlines() if len(line.split()) == 2)
+    commit = found.get(f"refs/tags/{ref}^{{}}") or found.get(f"refs/tags/{ref}")
+    if not commit or not _COMMIT.match(commit):
+        raise UserError(f"tag {ref} not found", source=SPECULATORS_REPO, fix="check the release tag")
+    return commit
+
+
+def set_dockerfile_arg(text: str, name: str, value: str) -> str:
+    """Rewrite the default of `ARG NAME=…` (the first declaration); other lines stay byte-identical."""
+    pattern = re.compile(rf"^(\s*ARG\s+{name})(?:=.*)?$", re.MULTILINE)
+    if not pattern.search(text):
+        raise UserError(f"the Dockerfile declares no ARG {name}", field=name)
+    return pattern.sub(lambda m: f"{m.group(1)}={value}", text, count=1)
+
+
+def execute(
+    argv: Sequence[str], *, cwd: Path | None = None, capture: bool = False, runner: Runner = subprocess.run
+):
+    """Run one argv (never through a shell); a missing binary is a UserError, the exit code is the caller's."""
+    try:
+        return runner(
+            list(argv), cwd=cwd, check=False, text=True, capture_output=capture, env=os.environ.copy()
+        )
+    except FileNotFoundError:
+        raise UserError(f"'{argv[0]}' is not installed or not on PATH", fix=f"install {argv[0]}") from None
