@@ -14,7 +14,7 @@ from typing import Any
 from draftscope.core import images
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
-from draftscope.core.hub import fetch_argv, hub_cache_dir
+from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir
 from draftscope.core.jsonio import read_json, sha256_file
 from draftscope.core.presets import (
     ExperimentConfig,
@@ -128,7 +128,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
         steps.append(
             Step(
                 name="fetch",
-                image=images.STEP_IMAGES["fetch"],
+                image=FETCH_IMAGE,
                 argv=tuple(argv),
                 mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
                 env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),

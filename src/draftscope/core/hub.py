@@ -14,6 +14,8 @@ from pathlib import Path
 from draftscope.core.errors import UserError
 
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+# The fetch step runs in the transformers image: it has huggingface_hub and is the smallest of the four.
+FETCH_IMAGE = "transformers"
 UNPINNED = "<unpinned>"  # shown in a dry run's argv for a preset with no public commit pin
 
 

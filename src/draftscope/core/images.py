@@ -22,7 +22,6 @@ IMAGES = ("transformers", "vllm", "train", "sglang")
 STEP_IMAGES = {
     "benchmark:transformers": "transformers",
     "benchmark:vllm": "vllm",
-    "fetch": "transformers",
     "regen": "vllm",
     "pretokenize": "train",
     "prepare": "train",

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftscope.core import images
 from draftscope.core.errors import UserError
-from draftscope.core.hub import fetch_argv, hub_cache_dir, hub_snapshot
+from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.pipeline import state
@@ -65,7 +64,7 @@ def fetch_step(plan: PipelinePlan) -> Step | None:
     argv = tuple(fetch_argv(CACHE_MOUNT, [(preset.hub.repo, preset.hub.revision)]))
     return Step(
         name="fetch",
-        image=images.STEP_IMAGES["fetch"],
+        image=FETCH_IMAGE,
         argv=argv,
         mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
         env={"HF_HUB_CACHE": CACHE_MOUNT},
