@@ -3,12 +3,10 @@ policies) and `head-bench` (latency of dense vs coarse + refine at real shapes).
 
 from __future__ import annotations
 
-from invoke import task
-
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command
 
 
-@task(
+@command(
     name="head-bench",
     help={
         "device": "cpu (default) or cuda",
@@ -20,7 +18,6 @@ from draftscope.cli.handler import user_errors
         "output": "also write the results as JSON here",
     },
 )
-@user_errors
 def head_bench(
     c,
     device="cpu",
@@ -46,7 +43,7 @@ def head_bench(
     )
 
 
-@task(
+@command(
     name="head-study",
     help={
         "run": "a benchmark run directory made with --capture-head N",
@@ -55,7 +52,6 @@ def head_bench(
         "output": "folder to create for study.json and the figures (default runs/head-study-<run>)",
     },
 )
-@user_errors
 def head_study(c, run, k=64, group_size=None, output=None):
     """Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
     certified and uncertified rows, margins, the K that would have sufficed, ties; schema-valid JSON."""
