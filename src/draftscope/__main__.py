@@ -11,7 +11,7 @@ import sys
 
 from draftscope import __version__
 from draftscope.core import hub
-from draftscope.core.errors import UserError
+from draftscope.core.errors import run_main
 from draftscope.core.provenance import versions
 
 
@@ -39,29 +39,21 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--repo", action="append", required=True)
     fetch.add_argument("--revision", action="append", required=True)
     args = parser.parse_args(argv)
-    try:
-        if args.command == "selfcheck":
-            print(json.dumps(selfcheck(), indent=2))
-        elif args.command == "versions":
-            print(json.dumps(versions(), indent=2))
-        elif args.command == "worker":
-            from draftscope.bench import worker as bench_worker
+    # A user error exits 2, running out of host or GPU memory 3 (the failure's reason, never a move to the CPU).
+    return run_main(command, args)
 
-            return bench_worker.run(args.run_dir)
-        elif args.command == "fetch":
-            return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
-    except UserError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
-        return 2
-    except MemoryError as exc:
-        print(f"error: out of host memory: {exc}", file=sys.stderr)
-        return 3
-    except Exception as exc:
-        # CUDA out-of-memory is reported as the failure reason, never answered by moving to the CPU.
-        if type(exc).__name__ == "OutOfMemoryError":
-            print(f"error: out of GPU memory: {str(exc).splitlines()[0]}", file=sys.stderr)
-            return 3
-        raise
+
+def command(args: argparse.Namespace) -> int:
+    if args.command == "selfcheck":
+        print(json.dumps(selfcheck(), indent=2))
+    elif args.command == "versions":
+        print(json.dumps(versions(), indent=2))
+    elif args.command == "worker":
+        from draftscope.bench import worker as bench_worker
+
+        return bench_worker.run(args.run_dir)
+    elif args.command == "fetch":
+        return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
     return 0
 
 

@@ -33,7 +33,7 @@ LAUNCHER = (
 def run_cli(*args, cwd=ROOT, env=None, timeout=120):
     """`invoke ARGS` in a fresh interpreter, as a user runs it: through the main namespace once the analysis
     tasks are wired into it, until then the same tasks under the same parser."""
-    from draftscope.cli.tasks import ns
+    from draftscope.cli import ns
 
     if "analyze" in ns.task_names:
         return run_invoke(*args, cwd=cwd, env=env, timeout=timeout)
@@ -149,7 +149,11 @@ def test_analyze_prints_the_table_and_writes_the_report(tmp_path, folder):
     rep = tmp_path / "rep"
     result = run_cli(
         "analyze",
-        f"{folder / 'A'},{folder / 'S'},{folder / 'P'}",
+        str(folder / "A"),
+        "--run",
+        str(folder / "S"),
+        "--run",
+        str(folder / "P"),
         "--report",
         str(rep),
         env={"COLUMNS": "200"},

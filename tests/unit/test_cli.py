@@ -12,7 +12,9 @@ from support import HEAVY, ROOT, run_invoke
 
 HOST_MODULES = [
     "draftscope",
-    "draftscope.cli.tasks",
+    "draftscope.cli",
+    "draftscope.cli.bench",
+    "draftscope.bench.options",
     "draftscope.bench.plan",
     "draftscope.core.presets",
     "draftscope.ops.validate",
@@ -192,18 +194,102 @@ def test_a_bad_preset_is_one_line_naming_file_key_and_fix(tmp_path, old, new, ne
         assert needle in line
 
 
-def test_join_variadic_accepts_several_runs():
-    from draftscope.cli.tasks import join_variadic
-
-    assert join_variadic(["analyze", "A", "B", "--report", "R", "C"]) == ["analyze", "A,B,C", "--report", "R"]
-    assert join_variadic(["analyze", "A", "validate", "X"]) == ["analyze", "A", "validate", "X"]
-    assert join_variadic(["plan", "--json"]) == ["plan", "--json"]
+# --- several runs: one positional, then `--run` (invoke) or more words (draftscope) ----------------------------
 
 
-def test_analyze_two_runs_with_a_report_as_typed(tmp_path):
+def run_draftscope(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    """`draftscope ARGS` as the console script runs it (`draftscope.cli:main`), in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from draftscope.cli import main; sys.exit(main())", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_draftscope_moves_extra_positionals_into_the_repeatable_option():
+    from draftscope.cli import ns
+    from draftscope.cli.program import rewrite
+
+    assert rewrite(["analyze", "A", "B", "--report", "R", "C"], ns) == (
+        ["analyze", "A", "--run", "B", "--report", "R", "--run", "C"],
+        None,
+    )
+    assert rewrite(["analyze", "A", "-e", "R", "B"], ns) == (["analyze", "A", "-e", "R", "--run", "B"], None)
+    assert rewrite(["analyze", "A", "--report=R", "B"], ns) == (
+        ["analyze", "A", "--report=R", "--run", "B"],
+        None,
+    )
+    # A task name after the positionals starts the next task; other tasks take no extra words.
+    assert rewrite(["analyze", "A", "validate", "X"], ns) == (["analyze", "A", "validate", "X"], None)
+    assert rewrite(["compare", "A", "B", "--seed", "3"], ns) == (["compare", "A", "B", "--seed", "3"], None)
+    assert rewrite(["share", "A", "B"], ns) == (["share", "A", "B"], None)
+    assert rewrite(["plan", "--json"], ns) == (["plan", "--json"], None)
+
+
+def test_draftscope_turns_task_help_into_invokes_help_for_that_task():
+    from draftscope.cli import ns
+    from draftscope.cli.program import rewrite
+
+    assert rewrite(["validate", "--help"], ns) == (["validate"], "validate")
+    assert rewrite(["compare", "-h"], ns) == (["compare"], "compare")
+    assert rewrite(["images.build", "vllm", "-h"], ns) == (["images.build", "vllm"], "images.build")
+    # An option's value is a value, even one that reads like a flag.
+    assert rewrite(["analyze", "A", "--report", "-h"], ns) == (["analyze", "A", "--report", "-h"], None)
+
+
+def test_draftscope_rewrites_only_the_task_words():
+    from draftscope.cli import ns
+    from draftscope.cli.program import DraftscopeProgram
+
+    def parsed(*words: str) -> list[str]:
+        program = DraftscopeProgram(namespace=ns, name="draftscope", binary="draftscope")
+        program.normalize_argv(["draftscope", *words])
+        return program.argv[1:]
+
+    assert parsed("--echo", "-f", "my.yaml", "analyze", "A", "B") == [
+        "--echo",
+        "-f",
+        "my.yaml",
+        "analyze",
+        "A",
+        "--run",
+        "B",
+    ]
+    assert parsed("-e", "validate", "--help") == ["-e", "--help", "validate"]
+    assert parsed("analyze", "A", "B", "--", "x", "y") == ["analyze", "A", "--run", "B", "--", "x", "y"]
+
+
+def test_no_option_takes_the_help_flags_short_name():
+    from draftscope.cli import ns
+
+    for name in ns.task_names:
+        for arg in ns[name].get_arguments():
+            assert "h" not in arg.names, f"{name}: --{arg.name} takes -h, invoke's help flag"
+
+
+def test_analyze_several_runs_with_a_report_as_typed(tmp_path):
     runs = ROOT / "research" / "evidence" / "tiny-cpu-aa" / "runs"
     a, b = sorted(p for p in runs.iterdir() if p.is_dir())[:2]
-    result = run_invoke("analyze", str(a), str(b), "--report", str(tmp_path / "REP"), env={"COLUMNS": "200"})
-    assert result.returncode == 0, result.stderr
-    assert a.name in result.stdout and b.name in result.stdout
+    env = {"COLUMNS": "200"}
+    typed = run_invoke("analyze", str(a), "--run", str(b), "--report", str(tmp_path / "REP"), env=env)
+    assert typed.returncode == 0, typed.stderr
+    assert a.name in typed.stdout and b.name in typed.stdout
     assert (tmp_path / "REP" / "report.html").is_file() and len(list((tmp_path / "REP").glob("*.png"))) >= 3
+    words = run_draftscope("analyze", str(a), str(b), env=env)
+    assert words.returncode == 0, words.stderr
+    assert a.name in words.stdout and b.name in words.stdout
+    # invoke itself reads a second bare word as a task name, and says so.
+    bare = run_invoke("analyze", str(a), str(b))
+    assert bare.returncode == 1 and f"No idea what '{b}' is!" in bare.stderr
+
+
+def test_draftscope_version_names_the_kit():
+    from draftscope import __version__
+
+    result = run_draftscope("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"draftscope {__version__}")

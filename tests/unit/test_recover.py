@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from draftscope.bench.recover import recover
-from draftscope.cli.tasks import _liveness_line
+from draftscope.cli.runs import _liveness_line
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import iter_jsonl, read_json
 from draftscope.core.rundir import SUPERVISOR, RunDir, Supervision, liveness

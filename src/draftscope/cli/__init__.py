@@ -1,0 +1,41 @@
+"""The front door: every command of the kit in one invoke namespace, `ns` (the checkout's tasks.py hands it to
+`invoke`), and `main`, the installed `draftscope` command. Each family of commands is a module of this package."""
+
+from __future__ import annotations
+
+from invoke import Collection
+
+from draftscope.cli import (
+    analysis,
+    bench,
+    demo,
+    doctor,
+    head,
+    images,
+    pipeline,
+    reliability,
+    runs,
+    share,
+    tiny,
+)
+from draftscope.cli.program import DraftscopeProgram
+
+ns = Collection(
+    *bench.BENCH_TASKS,
+    *runs.RUNS_TASKS,
+    *doctor.DOCTOR_TASKS,
+    *analysis.ANALYSIS_TASKS,
+    *pipeline.PIPELINE_TASKS,
+    *head.HEAD_TASKS,
+    *demo.DEMO_TASKS,
+    *share.SHARE_TASKS,
+    *reliability.RELIABILITY_TASKS,
+    analysis.ns_evidence,
+    tiny.ns_tiny,
+    images.ns_images,
+)
+
+
+def main() -> None:
+    """The `draftscope` console script: the tasks `invoke` runs in a checkout, anywhere the kit is installed."""
+    DraftscopeProgram(namespace=ns, name="draftscope", binary="draftscope").run()

@@ -1,4 +1,4 @@
-"""invoke tasks for analysis: `analyze`, `compare`, `reproduce` (ANALYSIS_TASKS) and `evidence.verify|add`.
+"""Analysis commands: `analyze`, `compare`, `reproduce` (ANALYSIS_TASKS) and `evidence.verify|add`.
 
 Thin like the rest of the command line: parse options, call `draftscope.analysis`, print. Host side: no torch.
 """
@@ -8,18 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from invoke import Collection, Exit, task
+from invoke import Exit
 
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command, group
 from draftscope.core.errors import UserError
-
-
-def _split_runs(runs: str) -> list[str]:
-    # invoke takes a fixed number of positional values, so several runs come as one comma-separated value.
-    found = [p.strip() for p in str(runs).split(",") if p.strip()]
-    if not found:
-        raise UserError("no run directory given", field="RUNS", fix="name one or more run directories, A,B")
-    return found
 
 
 def _int(value, flag: str, minimum: int) -> int:
@@ -32,33 +24,35 @@ def _int(value, flag: str, minimum: int) -> int:
     return number
 
 
-@task(
+@command(
+    iterable=["run"],
+    variadic="run",
     help={
-        "runs": "run directories, comma-separated (A,B,C); a folder of run directories stands for each of them",
+        "path": "a run directory; a folder of run directories stands for each of them",
+        "run": "one more run directory or folder (repeatable): analyze A --run B --run C (draftscope analyze A B C)",
         "report": "also write a report folder here (must not exist): report.md, report.html, PNG figures",
-    }
+    },
 )
-@user_errors
-def analyze(c, runs, report=None):
+def analyze(c, path, run=None, report=None):
     """Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
     min–max of request and decode tok/s, acceptance length, greedy agreement); optionally write a report."""
     from draftscope.analysis.load import load_runs
     from draftscope.analysis.report import runs_table, write_report
     from draftscope.cli.render import console
 
-    loaded = load_runs(_split_runs(runs))
+    loaded = load_runs([path, *(run or ())])
     out = console()
     out.print(runs_table(loaded))
-    for run in loaded:
-        for note in run.notes:
-            out.print(f"note: {run.run_id}: {note}")
+    for found in loaded:
+        for note in found.notes:
+            out.print(f"note: {found.run_id}: {note}")
     if report:
         files = write_report(loaded, Path(report))
         pngs = sum(f.suffix == ".png" for f in files)
         out.print(f"report: {report}/report.md, {report}/report.html and {pngs} figure(s)")
 
 
-@task(
+@command(
     help={
         "base": "the base run directory",
         "candidate": "the candidate run directory",
@@ -70,7 +64,6 @@ def analyze(c, runs, report=None):
         "study": "take the frozen threshold, resamples and seed from research/studies/STUDY.yaml",
     }
 )
-@user_errors
 def compare(
     c, base, candidate, threshold=None, resamples=None, seed=None, allow_subset=False, output=None, study=None
 ):
@@ -122,7 +115,7 @@ def _study_admission(study: str, given: tuple) -> dict:
     return {"protocol": protocol, **{k: protocol["admission"][k] for k in ("threshold", "resamples", "seed")}}
 
 
-@task(
+@command(
     positional=["run"],
     help={
         "run": "the completed run directory to reproduce",
@@ -132,7 +125,6 @@ def _study_admission(study: str, given: tuple) -> dict:
         "threshold": "threshold for the timing verdict (default 1%)",
     },
 )
-@user_errors
 def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, threshold="1%"):
     """Re-run RUN from its manifest alone (frozen config, hash-checked prompts, same runtime and images), then
     compare: greedy token ids must be identical; timing is reported as ratios."""
@@ -162,8 +154,7 @@ def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, thr
 ANALYSIS_TASKS = [analyze, compare, reproduce]
 
 
-@task(help={"root": "the research folder (default: research/ of the checkout)"})
-@user_errors
+@command(help={"root": "the research folder (default: research/ of the checkout)"})
 def verify(c, root=None):
     """Check every hash in research/SHA256SUMS and validate every evidence artifact against its schema."""
     from draftscope.analysis.evidence import research_dir
@@ -179,7 +170,7 @@ def verify(c, root=None):
     print(f"{folder}: evidence verified ({len(findings)} check(s))")
 
 
-@task(
+@command(
     positional=["path"],
     help={
         "path": "a run directory, a comparison .json or a measurement .json (a head-bench report) to add",
@@ -187,7 +178,6 @@ def verify(c, root=None):
         "root": "the research folder (default: research/ of the checkout)",
     },
 )
-@user_errors
 def add(c, path, study=None, root=None):
     """Copy a run, a comparison or a measurement into research/evidence/STUDY/ without overwriting, and update
     SHA256SUMS."""
@@ -203,4 +193,4 @@ def add(c, path, study=None, root=None):
     print(f"added {len(files)} file(s) under {folder}/evidence/{study}/ and their SHA-256 to SHA256SUMS")
 
 
-ns_evidence = Collection("evidence", verify, add)
+ns_evidence = group("evidence", verify, add)

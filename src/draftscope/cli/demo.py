@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from invoke import Exit, task
+from invoke import Exit
 
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command
 
 
-@task(
+@command(
     help={
         "output": "the demo folder to create (default runs/demo-<time>; never overwritten)",
         "train_python": "python of an environment with speculators 0.9.0 for the pipeline's train stage "
@@ -15,7 +15,6 @@ from draftscope.cli.handler import user_errors
         "dry_run": "list the steps and their commands, and stop",
     }
 )
-@user_errors
 def demo(c, output=None, train_python=None, dry_run=False):
     """Baseline, speculative and prefix-head benchmarks on the tiny models, a head study, the tiny pipeline through
     convert, validation, a report and two comparisons — then a summary. CPU only; nothing is downloaded."""

@@ -3,13 +3,11 @@ policies) and `head-bench` (latency of dense vs coarse + refine at real shapes).
 
 from __future__ import annotations
 
-from invoke import task
-
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command
 from draftscope.cli.render import console
 
 
-@task(
+@command(
     name="head-bench",
     help={
         "device": "cpu (default) or cuda",
@@ -21,7 +19,6 @@ from draftscope.cli.render import console
         "output": "also write the results as JSON here",
     },
 )
-@user_errors
 def head_bench(
     c,
     device="cpu",
@@ -48,7 +45,7 @@ def head_bench(
     )
 
 
-@task(
+@command(
     name="head-study",
     help={
         "run": "a benchmark run directory made with --capture-head N",
@@ -57,7 +54,6 @@ def head_bench(
         "output": "folder to create for study.json and the figures (default runs/head-study-<run>)",
     },
 )
-@user_errors
 def head_study(c, run, k=64, group_size=None, output=None):
     """Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
     certified and uncertified rows, margins, the K that would have sufficed, ties; schema-valid JSON."""

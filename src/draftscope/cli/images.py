@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from invoke import Collection, Exit, task
+from invoke import Exit
 
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command, group
 from draftscope.core.errors import UserError
 
 ENGINE_HELP = "container engine: docker or podman"
@@ -39,7 +39,7 @@ def _warn(lines: list[str]) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
 
-@task(
+@command(
     help={
         "name": "image to build: transformers, vllm, train or sglang",
         "cuda_arch": "vllm: CUDA architectures to build the extension for, e.g. 9.0 or '8.0;9.0'"
@@ -50,7 +50,6 @@ def _warn(lines: list[str]) -> None:
         "dry_run": "print the exact build argv and stop",
     }
 )
-@user_errors
 def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="docker", dry_run=False):
     """Build one image from its Dockerfile: pinned base, build arguments and OCI labels, from the checkout."""
     from draftscope.ops import images as I
@@ -85,8 +84,7 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     _run(argv, root, f"building image '{name}'")
 
 
-@task(help={"name": "image to pull", "engine": ENGINE_HELP, "dry_run": "print the pull argv and stop"})
-@user_errors
+@command(help={"name": "image to pull", "engine": ENGINE_HELP, "dry_run": "print the pull argv and stop"})
 def pull(c, name, engine="docker", dry_run=False):
     """Pull a published image by its digest from images/images.lock.json (for reviewers)."""
     from draftscope.ops import images as I
@@ -97,19 +95,21 @@ def pull(c, name, engine="docker", dry_run=False):
         _run(argv, I.repo_root(), f"pulling image '{name}'")
 
 
-@task(
+@command(
+    positional=["name"],
     help={
         "name": "image to push",
-        "to": "destination REGISTRY/NAMESPACE/REPO[:TAG] (the tag defaults to the kit's version)",
+        "to": "destination REGISTRY/NAMESPACE/REPO[:TAG] (the tag defaults to the kit's version; required)",
         "engine": ENGINE_HELP,
         "dry_run": "print the tag and push argv and stop",
-    }
+    },
 )
-@user_errors
-def push(c, name, to, engine="docker", dry_run=False):
+def push(c, name, to=None, engine="docker", dry_run=False):
     """Tag a locally built image for a registry and push it; record the pushed digest with `images.lock`."""
     from draftscope.ops import images as I
 
+    if not to:
+        raise UserError("no destination given", field="--to", fix="add --to REGISTRY/NAMESPACE/REPO")
     steps = I.push_argv(name, to, engine, I.load_lock())
     for argv in steps:
         _show(argv)
@@ -118,8 +118,7 @@ def push(c, name, to, engine="docker", dry_run=False):
             _run(argv, I.repo_root(), f"pushing image '{name}'")
 
 
-@task(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})
-@user_errors
+@command(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})
 def list_(c, engine="docker", json=False):
     """The kit's images present locally (ID, digests, base) and what images.lock.json leaves unpinned."""
     from draftscope.ops import images as I
@@ -158,13 +157,12 @@ def list_(c, engine="docker", json=False):
         print(f"unpinned: {line}")
 
 
-@task(
+@command(
     help={
         "tool": "how to ask the registry: buildx (docker buildx imagetools) or skopeo",
         "check": "report what would change; write nothing",
     }
 )
-@user_errors
 def lock(c, tool="buildx", check=False):
     """Resolve every base's digest and the speculators release commit; rewrite images.lock.json and Dockerfiles.
 
@@ -230,4 +228,4 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2)
 
 
-ns_images = Collection("images", build, pull, push, list_, lock)
+ns_images = group("images", build, pull, push, list_, lock)

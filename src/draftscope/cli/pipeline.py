@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from invoke import Exit, task
+from invoke import Exit
 
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command
 
 
-@task(
+@command(
     iterable=["opts"],
     help={
         "draft": "draft type: dflash (default), dflash2 or dspark",
@@ -30,7 +30,6 @@ from draftscope.cli.handler import user_errors
         "nodes": "slurm: nodes for training (srun + torchrun) and shards of regen and hsextract (job arrays); default 1",
     },
 )
-@user_errors
 def pipeline(
     c,
     draft=None,

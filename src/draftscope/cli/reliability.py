@@ -10,22 +10,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from invoke import Exit, task
+from invoke import Exit
 
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command
 from draftscope.core.errors import UserError
 from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figures, seed_from_env
 
 # --- the task ---------------------------------------------------------------------------------------------------
 
 
-@task(
+@command(
     help={
         "seed": f"seed for the random kill points (default {DEFAULT_SEED}, or ${SEED_ENV})",
         "pytest_args": "extra pytest arguments, e.g. '-x' or '-k benchmark'",
     }
 )
-@user_errors
 def reliability(c, seed=None, pytest_args=""):
     """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus, search outputs for a planted
     secret; print faults injected/survived, bad inputs tried/refused, records lost, torn lines, secrets found."""

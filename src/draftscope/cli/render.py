@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -103,3 +105,9 @@ def plan_lines(plan: Plan, image_ref) -> list[str]:
         lines += step_lines(step)
     lines += [f"  note: {n}" for n in plan.notes]
     return lines
+
+
+def print_json(obj: Any) -> None:
+    """JSON on stdout, indented, keys in their given order; what JSON cannot hold (paths, times) as text."""
+    json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
+    print()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command
 from draftscope.core.errors import UserError
 
 
-@task(
+@command(
     help={
         "run": "the run directory to pack",
         "output": "the bundle to write, e.g. bundle.tar.gz (a new file: an existing one is refused)",
@@ -16,7 +14,6 @@ from draftscope.core.errors import UserError
         "keep_paths": "keep this host's absolute paths as recorded (by default: <run>/…, ~/…, …/NAME)",
     }
 )
-@user_errors
 def share(c, run, output=None, include_text=False, keep_paths=False):
     """Pack a run: manifest, config, summary, records without prompt or generated text, hardware, SHA256SUMS.
 

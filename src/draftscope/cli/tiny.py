@@ -5,12 +5,12 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from invoke import Collection, Exit, task
+from invoke import Exit
 
-from draftscope.cli.handler import user_errors
+from draftscope.cli.command import command, group
 
 
-@task(
+@command(
     help={
         "check": "only verify the shipped files against their SHA-256 and load the target offline (seconds)",
         "install": "copy the rebuild over the shipped files and record its hashes and figures in the preset",
@@ -19,7 +19,6 @@ from draftscope.cli.handler import user_errors
         "output": "build into this new folder and keep it (default: a temporary folder)",
     }
 )
-@user_errors
 def build(c, check=False, install=False, target_steps=None, draft_steps=None, output=None):
     """Rebuild the tiny tokenizer, target and draft from the standard library's sources; report per file whether
     the rebuild reproduced the shipped SHA-256. --check verifies the shipped files instead of rebuilding."""
@@ -55,4 +54,4 @@ def _rebuild(folder: Path, steps: dict[str, int], install: bool) -> None:
         print("the shipped files were kept; `invoke tiny.build --install` replaces them with this rebuild")
 
 
-ns_tiny = Collection("tiny", build)
+ns_tiny = group("tiny", build)

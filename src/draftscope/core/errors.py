@@ -1,12 +1,14 @@
-"""The one user-facing error type.
+"""The one user-facing error type, and the one handler that turns it into an exit code.
 
-A `UserError` is a problem with the user's input or environment, not a bug: the entry points print it as a
-single line and exit non-zero, without a traceback. Its message names what is wrong, the offending value
-and how to fix it.
+A `UserError` is a problem with the user's input or environment, not a bug: every entry point prints it as a
+single line and exits non-zero, without a traceback, through `run_main` / `exit_status` below. Its message names
+what is wrong, the offending value and how to fix it.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -63,3 +65,36 @@ class MissingDependency(UserError):
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- the one handler of every entry point -------------------------------------------------------------------------
+
+
+def exit_status(exc: BaseException) -> tuple[int, str] | None:
+    """The exit code and the one line to print for an expected failure, or None for a bug (it keeps its traceback).
+
+    A user error exits 2. Running out of memory exits 3, and is reported as the failure, never answered by moving
+    to another device: host memory (MemoryError), or GPU memory (torch's OutOfMemoryError, matched by its type's
+    name because this module may not import torch)."""
+    if isinstance(exc, UserError):
+        return 2, f"error: {exc.render()}"
+    if isinstance(exc, MemoryError):
+        return 3, f"error: out of host memory: {exc}"
+    if type(exc).__name__ == "OutOfMemoryError":
+        first = (str(exc).splitlines() or [""])[0]
+        return 3, f"error: out of GPU memory: {first}"
+    return None
+
+
+def run_main(fn: Callable[..., int | None], *args: Any) -> int:
+    """Run an entry point's body: its exit code (None counts as 0), or an expected failure's one line on stderr
+    and its code (`exit_status`). Anything else, KeyboardInterrupt included, propagates."""
+    try:
+        return int(fn(*args) or 0)
+    except Exception as exc:
+        status = exit_status(exc)
+        if status is None:
+            raise
+        code, line = status
+        print(line, file=sys.stderr, flush=True)
+        return code

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftscope.core.errors import UserError
+from draftscope.core.errors import UserError, run_main
 
 RESULT_SCHEMA_VERSION = 1
 RESULT_SCHEMA = "stage-result"  # stages/<stage>.result.json
@@ -176,10 +176,7 @@ def _hsextract_transformers(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return int(args.run(args) or 0)
-    except UserError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
-        return 2
+        return run_main(args.run, args)
     except KeyboardInterrupt as exc:  # Ctrl-C, or the runtime's SIGTERM (servers.py): the servers are stopped
         print("interrupted; what was written is whole, and a rerun resumes", file=sys.stderr)
         # End by the signal itself, so whoever waits on this process (the runtime's record) sees which one.

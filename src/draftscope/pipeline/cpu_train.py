@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.errors import MissingDependency, UserError, run_main
 
 
 def patch() -> None:
@@ -51,8 +51,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_main(main))

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from draftscope.core.errors import UserError
+from draftscope.core.errors import UserError, run_main
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.provenance import now
 from draftscope.core.schema import check as check_schema
@@ -511,14 +511,11 @@ def _remove_container(engine: str | None, name: str) -> None:
 
 
 def main_guard(fn: Callable[[], int]) -> int:
-    """Run a node command under Slurm's SIGTERM handling: user errors as one line (exit 2), a stop before
-    anything could be recorded as 143."""
+    """Run a node command under Slurm's SIGTERM handling: user errors as one line (exit 2, `run_main`), a stop
+    before anything could be recorded as 143."""
     try:
         with stops_interrupt():
-            return fn()
-    except UserError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr, flush=True)
-        return 2
+            return run_main(fn)
     except KeyboardInterrupt:
         print("stopped (SIGTERM) before the step could be recorded", file=sys.stderr, flush=True)
         return 143

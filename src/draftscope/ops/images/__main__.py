@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftscope.core.errors import UserError
+from draftscope.core.errors import run_main
 from draftscope.core.images import LOCK_FILE, repo_root
 from draftscope.ops.images.lockfile import kit_wheel_name, record_wheel
 
@@ -18,15 +18,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] != "record-wheel" or len(args) > 2:
         print("usage: python -m draftscope.ops.images record-wheel [DIST_DIR]", file=sys.stderr)
         return 2
-    try:
-        root = repo_root()
-        digest, changed = record_wheel(root, Path(args[1]) if len(args) == 2 else None)
-    except UserError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
-        return 2
-    state = "recorded in" if changed else "already in"
-    print(f"{kit_wheel_name()} sha256 {digest}: {state} images/{LOCK_FILE}")
-    return 0
+
+    def record() -> int:
+        digest, changed = record_wheel(repo_root(), Path(args[1]) if len(args) == 2 else None)
+        state = "recorded in" if changed else "already in"
+        print(f"{kit_wheel_name()} sha256 {digest}: {state} images/{LOCK_FILE}")
+        return 0
+
+    return run_main(record)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""The host and the kit: `doctor` (what this machine offers) and `version` (DOCTOR_TASKS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftscope.cli.command import command
+
+
+@command(help={"json": "print the report as JSON"})
+def doctor(c, json=False):
+    """Report the host: NVIDIA GPUs and dtype policy, driver/CUDA, memory, disk, container engine, kit images."""
+    from draftscope.cli.render import print_json
+    from draftscope.ops import doctor as D
+
+    report = D.collect()
+    if json:
+        print_json(report)
+    else:
+        print("\n".join(D.render(report)))
+
+
+@command
+def version(c):
+    """Print the kit's version (and git commit when run from a checkout)."""
+    from draftscope.core.provenance import kit_info
+
+    print(f"draftscope {version_text(kit_info())}")
+
+
+def version_text(info: dict[str, Any]) -> str:
+    """`0.1.0`, or `0.1.0 (abcdef123456+dirty)` from a checkout."""
+    commit = (
+        f" ({info['git_commit'][:12]}{'+dirty' if info['git_dirty'] else ''})" if info["git_commit"] else ""
+    )
+    return f"{info['version']}{commit}"
+
+
+DOCTOR_TASKS = (doctor, version)
