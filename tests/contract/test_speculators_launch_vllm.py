@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from releases import Release, ReleaseUnavailable, cache_dir, release_wheel
 
-from draftscope.bench.backends.vllm import PINNED_VERSION as VLLM_VERSION
+from draftscope.bench.backends.vllm.backend import PINNED_VERSION as VLLM_VERSION
 from draftscope.core.presets import load_model_preset, model_preset_names
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from releases import Release, ReleaseUnavailable, release_wheel
 
-from draftscope.bench.backends import vllm as V
+from draftscope.bench.backends.vllm import backend as V
+from draftscope.bench.backends.vllm import config as C
 from draftscope.core import presets as P
 
 pytestmark = pytest.mark.contract
@@ -201,7 +202,7 @@ def all_engine_args() -> list[dict]:
     for config in backend_configs():
         preset = P.load_model_preset(config.model_preset)
         for capability in ((9, 0), (7, 5)):
-            out.append(V.engine_args(config, preset, capability=capability, require_pins=False))
+            out.append(C.engine_args(config, preset, capability=capability, require_pins=False))
     return out
 
 
@@ -297,7 +298,7 @@ def test_the_speculative_config_accepts_dflash_and_every_key(vllm):
     for spec in configs:
         assert set(spec) <= set(spec_fields), sorted(set(spec) - set(spec_fields))
     methods_allowed = literal_values(vllm, "vllm.config.speculative", spec_fields["method"].annotation)
-    assert V.SPEC_METHOD in methods_allowed
+    assert C.SPEC_METHOD in methods_allowed
     # The EngineArgs field takes a plain dict, turned into SpeculativeConfig(**dict) by the engine.
     engine_fields = fields(vllm, "vllm", "EngineArgs")
     assert "dict" in ast.unparse(engine_fields["speculative_config"].annotation)
@@ -329,7 +330,7 @@ def test_prefix_caching_is_on_by_default_so_turning_it_off_matters(vllm):
 
 def test_sampling_fields_and_output_kind_exist(vllm):
     sampling_fields = fields(vllm, "vllm", "SamplingParams")
-    used = set(V.sampling_kwargs(8, ignore_eos=True)) | {"output_kind"}
+    used = set(C.sampling_kwargs(8, ignore_eos=True)) | {"output_kind"}
     assert used <= set(sampling_fields), sorted(used - set(sampling_fields))
     _, kind = cls(vllm, "vllm.sampling_params", "RequestOutputKind")
     members = {
@@ -369,11 +370,11 @@ def test_per_step_acceptance_is_recorded_at_the_detailed_level(vllm):
     levels = literal_values(
         vllm, "vllm.engine.arg_utils", engine_fields["per_request_spec_decode_metrics"].annotation
     )
-    assert V.SPEC_METRICS_LEVEL in levels
+    assert C.SPEC_METRICS_LEVEL in levels
     observe = methods(vllm, "vllm.v1.metrics.stats", "RequestSpecDecodeMetrics")["observe"]
     assert "self.per_step_accepted.append(num_accepted)" in ast.unparse(observe)
     scheduler = ast.unparse(vllm.tree("vllm.v1.core.sched.scheduler"))
-    assert f"detailed=self.spec_decode_metrics_level == '{V.SPEC_METRICS_LEVEL}'" in scheduler
+    assert f"detailed=self.spec_decode_metrics_level == '{C.SPEC_METRICS_LEVEL}'" in scheduler
 
 
 def test_spec_decode_counter_names(vllm):
@@ -411,7 +412,7 @@ def test_out_of_memory_messages_are_vllms_own(vllm):
             )
         )
     )
-    for marker in (*V.OOM_MARKERS[1:], *V.ENGINE_PROCESS_FAILURES):
+    for marker in (*C.OOM_MARKERS[1:], *V.ENGINE_PROCESS_FAILURES):
         assert any(marker in text for text in texts), marker
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from releases import Release, pinned_release
 
-from draftscope.bench.backends import vllm as V
+from draftscope.bench.backends.vllm import backend as V
 
 vllm_plugin = pytest.importorskip("draftscope.head.vllm_plugin")  # needs torch (not vLLM)
 

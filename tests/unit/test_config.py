@@ -71,14 +71,27 @@ def test_bad_values_name_the_field(overrides, field):
         ({"model": "Org/Name"}, "custom model needs a full commit revision"),
         ({"revision": SHA}, "--revision is given without --model"),
         ({"draft": "Org/Draft"}, "custom draft needs a full commit revision"),
-        ({"int4_dflash": True}, "int4_dflash needs the vLLM backend"),
-        ({"experimental_prefix": True}, "only with --backend vllm --int4-dflash"),
-        ({"backend": "vllm", "device": "cpu"}, "vLLM backend runs only on an NVIDIA GPU"),
     ],
 )
 def test_cross_field_rules(overrides, needle):
     with pytest.raises(UserError, match=needle):
         P.load_experiment("transformers-baseline", overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"int4_dflash": True}, "int4_dflash needs the vLLM backend"),
+        ({"experimental_prefix": True}, "only with --backend vllm --int4-dflash"),
+        ({"backend": "vllm", "device": "cpu"}, "vLLM backend runs only on an NVIDIA GPU"),
+    ],
+)
+def test_backend_rules_are_checked_when_a_benchmark_is_planned(overrides, needle):
+    from draftscope.bench.plan import plan_benchmark
+
+    config = P.load_experiment("transformers-baseline", overrides)  # the backend's own rules: not at loading
+    with pytest.raises(UserError, match=needle):
+        plan_benchmark(config)
 
 
 def test_custom_model_with_full_revision_is_used():

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftscope.bench.backends import vllm as V
+from draftscope.bench.backends.vllm import backend as V
+from draftscope.bench.backends.vllm import config as C
 from draftscope.core import presets as P
 from draftscope.core.errors import UserError
 
@@ -30,7 +31,7 @@ def int4_config(**overrides):
 
 
 def args_for(config, capability=(9, 0), **kwargs):
-    return V.engine_args(config, P.load_model_preset(config.model_preset), capability=capability, **kwargs)
+    return C.engine_args(config, P.load_model_preset(config.model_preset), capability=capability, **kwargs)
 
 
 # --- engine_args ------------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def test_dtype_follows_the_kit_rule(capability, requested, expected):
 
 
 def test_dtype_before_the_gpu_is_known_is_a_placeholder_not_a_vllm_value():
-    assert args_for(int4_config(), capability=None)["dtype"] == V.DTYPE_AT_RUN_TIME
+    assert args_for(int4_config(), capability=None)["dtype"] == C.DTYPE_AT_RUN_TIME
 
 
 def test_optional_vllm_options_pass_through_only_when_set():
@@ -174,7 +175,7 @@ def test_engine_args_are_only_for_the_vllm_backend():
 
 def test_the_module_imports_without_torch_or_vllm():
     code = (
-        "import sys, draftscope.bench.backends.vllm as m; "
+        "import sys, draftscope.bench.backends.vllm.backend as m; "
         "heavy = [n for n in ('torch', 'vllm', 'transformers') if n in sys.modules]; "
         "assert not heavy, heavy"
     )
@@ -185,13 +186,13 @@ def test_the_module_imports_without_torch_or_vllm():
 
 
 def test_sampling_is_greedy_without_logprobs_or_detokenization():
-    kwargs = V.sampling_kwargs(256, ignore_eos=False)
+    kwargs = C.sampling_kwargs(256, ignore_eos=False)
     assert kwargs == {"n": 1, "temperature": 0.0, "max_tokens": 256, "logprobs": None, "detokenize": False}
 
 
 def test_ignore_eos_only_for_fixed_tokens():
-    assert V.sampling_kwargs(100, ignore_eos=True)["ignore_eos"] is True
-    assert "ignore_eos" not in V.sampling_kwargs(100, ignore_eos=False)
+    assert C.sampling_kwargs(100, ignore_eos=True)["ignore_eos"] is True
+    assert "ignore_eos" not in C.sampling_kwargs(100, ignore_eos=False)
 
 
 # --- streamed outputs, with fakes that have only the declared attributes ------------------------------------

@@ -11,7 +11,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from draftscope.core import images
+from draftscope.bench import backends
+from draftscope.bench.backends import Backend
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
 from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir
@@ -58,6 +59,11 @@ class Plan:
     steps: tuple[Step, ...]
     notes: tuple[str, ...] = ()
 
+    @property
+    def backend(self) -> Backend:
+        """The benchmark backend's spec: its image, platform needs, notes and dry-run pieces."""
+        return backends.get(self.experiment.backend)
+
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
 
@@ -92,7 +98,10 @@ def load_prompts(path: str) -> Prompts:
 
 
 def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
-    """The steps of one benchmark: fetch the pinned weights (hub presets), then the bounded benchmark worker."""
+    """The steps of one benchmark: fetch the pinned weights (hub presets), then the bounded benchmark worker.
+    The backend's own config rules are checked here, first: every run, dry run and Slurm submission plans."""
+    backend = backends.get(config.backend)
+    backend.check(config)
     preset = load_model_preset(config.model_preset)
     target = resolve_target(config, preset)
     draft = resolve_draft(config, preset)
@@ -115,12 +124,8 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
         notes.append(
             f"model preset '{preset.name}' is built by the kit (invoke tiny.build); nothing is downloaded"
         )
-    if preset.architecture.is_hybrid and config.backend == "vllm":
-        notes.append(
-            "hybrid (linear-attention) target: custom all-reduce off, mp executor (integration bug 1)"
-        )
+    notes.extend(backend.notes(config, preset))
 
-    image = images.STEP_IMAGES[f"benchmark:{config.backend}"]
     gpus = 0 if config.device == "cpu" else -1
     steps: list[Step] = []
     if downloads:
@@ -143,12 +148,12 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
     steps.append(
         Step(
             name="benchmark",
-            image=image,
+            image=backend.image,
             argv=("python", "-m", "draftscope", "worker", "benchmark", "--run-dir", RUN_MOUNT),
             mounts=(Mount(str(Path(run_dir)), RUN_MOUNT, read_only=False), Mount(str(cache), CACHE_MOUNT)),
             env=MappingProxyType(env),
             gpus=gpus,
-            ipc_host=config.backend == "vllm",  # vLLM's multi-process executor shares memory through /dev/shm
+            ipc_host=backend.ipc_host,
             network=False,  # weights are local by now: the worker needs no network
             time_limit_s=config.max_seconds,
             outputs=("manifest.json", "records.jsonl", "summary.json"),

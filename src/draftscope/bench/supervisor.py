@@ -45,14 +45,7 @@ def dry_run_lines(plan: Plan, runtime: Runtime, output: Path) -> list[str]:
         argv = runtime.argv(step, ctx)
         lines.append(f"# step {step.name} (image {step.image}, runtime {runtime.name})")
         lines.append(_join(argv))
-    if plan.experiment.backend == "vllm":
-        from draftscope.bench.backends.vllm import engine_args
-
-        args = engine_args(plan.experiment, plan.preset, capability=None, require_pins=False)
-        lines.append(
-            "# vLLM engine arguments the worker passes (from the frozen config; dtype by the GPU found):"
-        )
-        lines.append("# " + json.dumps(args, sort_keys=True))
+    lines.extend(plan.backend.dry_run_lines(plan.experiment, plan.preset))
     return lines
 
 
@@ -66,10 +59,11 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
     """Everything that can be refused before a run directory exists: no partial state on bad input. `here=False`
     (the Slurm executor's submitting host, which may have neither): the images and the GPU are left to the
     supervisor in the job, which runs this preflight again on its node."""
-    if plan.experiment.backend == "vllm":
+    backend = plan.backend
+    if backend.linux_only:
         from draftscope.core.platforms import require_linux
 
-        require_linux("vllm", field="--backend")
+        require_linux(backend.name, field="--backend")
     for download in plan.downloads:
         if download.revision is None:
             raise UserError(
@@ -283,15 +277,11 @@ def _summarize_and_close(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str,
 
 
 def _reason(plan: Plan, outcome: Outcome) -> str | None:
-    """Name out-of-memory as the cause when the step's log shows it (vLLM's engine process reports it early in the
-    log, before the lines the generic reason quotes)."""
+    """Name out-of-memory as the cause when the step's log shows it, by torch's words or the backend's own (vLLM's
+    engine process reports it early in the log, before the lines the generic reason quotes)."""
     if outcome.status != "failed" or outcome.log is None or not outcome.log.exists():
         return outcome.reason
-    markers: tuple[str, ...] = ("out of memory", "OutOfMemoryError")
-    if plan.experiment.backend == "vllm":
-        from draftscope.bench.backends.vllm import OOM_MARKERS
-
-        markers += tuple(OOM_MARKERS)
+    markers = ("out of memory", "OutOfMemoryError", *plan.backend.oom_markers)
     text = outcome.log.read_text(encoding="utf-8", errors="replace")
     if any(m in text for m in markers):
         return f"out of memory (step '{outcome.step}', exit code {outcome.exit_code}); see {outcome.log.name}"

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench.backends import backend_class
+from draftscope.bench import backends
+from draftscope.bench.backends import Backend
 from draftscope.bench.backends.common import decode_tok_s, prompt_sha256
 from draftscope.core.config import build
 from draftscope.core.errors import UserError
@@ -41,7 +42,7 @@ def load_run_inputs(run_dir: Path) -> tuple[ExperimentConfig, list[dict[str, Any
     return config, read_json(copy)["prompts"]
 
 
-def hardware(device: str, backend: str) -> dict[str, Any]:
+def hardware(device: str, spec: Backend) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "machine": platform.machine(),
         "processor": platform.processor() or None,
@@ -51,8 +52,9 @@ def hardware(device: str, backend: str) -> dict[str, Any]:
     import torch
 
     facts["torch_threads"] = torch.get_num_threads()
-    if device == "cuda" and backend == "vllm":
-        # Not through torch: after vLLM claimed its memory share, a CUDA context here would cost hundreds of MB.
+    if device == "cuda" and spec.gpu_facts_via_nvml:
+        # Not through torch: after the engine (vLLM) claimed its memory share, a CUDA context here would cost
+        # hundreds of MB.
         from draftscope.core.hardware import gpus_from_nvml
 
         gpus = gpus_from_nvml() or []
@@ -84,7 +86,8 @@ def run(run_dir: Path) -> int:
     run_dir = Path(run_dir)
     config, prompts = load_run_inputs(run_dir)
     preset = load_model_preset(config.model_preset)
-    backend = backend_class(config.backend)()
+    spec = backends.get(config.backend)
+    backend = spec.engine_class()()
     facts: dict[str, Any] = {"phase": "loading", "versions": versions()}
     atomic_write_json(run_dir / WORKER_FACTS, facts)
 
@@ -94,7 +97,7 @@ def run(run_dir: Path) -> int:
         phase="loaded",
         load_seconds=time.perf_counter() - started,
         backend=backend.facts,
-        hardware=hardware(config.device, config.backend),
+        hardware=hardware(config.device, spec),
     )
     atomic_write_json(run_dir / WORKER_FACTS, facts)
 

@@ -87,7 +87,7 @@ def plan_lines(plan: Plan, image_ref) -> list[str]:
         f"  target: {target}",
     ]
     if plan.draft:
-        spec = f" (num_speculative_tokens {p.dflash.block_size - 1})" if e.backend == "vllm" else ""
+        spec = plan.backend.draft_detail(p)
         lines.append(f"  draft: {plan.draft.display()}{spec}")
     lines += [
         f"  prompts: {plan.prompts.path} ({plan.prompts.count} prompts, sha256 {plan.prompts.sha256})",

@@ -20,8 +20,6 @@ IMAGES = ("transformers", "vllm", "train", "sglang")
 
 # Which image runs which step.
 STEP_IMAGES = {
-    "benchmark:transformers": "transformers",
-    "benchmark:vllm": "vllm",
     "regen": "vllm",
     "pretokenize": "train",
     "prepare": "train",

@@ -204,29 +204,8 @@ class ExperimentConfig:
     head: HeadOptions = field(default_factory=HeadOptions)
 
     def __post_init__(self) -> None:
-        # Cross-field rules the schema cannot state; each names the field and the fix.
-        head_used = self.head.policy != "dense" or self.head.shadow or self.head.capture
-        if head_used and (self.backend != "transformers" or self.draft is None):
-            raise UserError(
-                "the certified head runs in the kit's own speculative loop: Transformers backend with a draft",
-                field="head.policy",
-                value=self.head.policy,
-                fix="add --backend transformers --draft …, or use --experimental-prefix for vLLM",
-            )
-        if self.int4_dflash and self.backend != "vllm":
-            raise UserError(
-                "int4_dflash needs the vLLM backend",
-                field="int4_dflash",
-                value=True,
-                fix="add --backend vllm or drop --int4-dflash",
-            )
-        if self.experimental_prefix and not (self.backend == "vllm" and self.int4_dflash):
-            raise UserError(
-                "the experimental prefix head runs only with --backend vllm --int4-dflash",
-                field="experimental_prefix",
-                value=True,
-                fix="add --backend vllm --int4-dflash",
-            )
+        # Cross-field rules the schema cannot state; each names the field and the fix. The rules of one backend
+        # (what it runs, on which device) are its own, checked when a benchmark is planned (bench/backends/).
         if self.model is not None and self.revision is None:
             raise UserError(
                 "a custom model needs a full commit revision",
@@ -255,15 +234,6 @@ class ExperimentConfig:
                 value=None,
                 fix=f"add --draft-revision FULL_40_HEX_SHA for {self.draft}",
             )
-        if self.backend == "vllm" and self.device != "cuda":
-            raise UserError(
-                "the vLLM backend runs only on an NVIDIA GPU",
-                field="device",
-                value=self.device,
-                fix="use --device cuda, or --backend transformers for a CPU run",
-            )
-        if self.backend == "vllm" and self.runtime == "local" and self.device == "cpu":
-            raise UserError("the vLLM backend cannot run on the CPU", field="runtime", value=self.runtime)
 
 
 # --- loading ------------------------------------------------------------------------------------------------

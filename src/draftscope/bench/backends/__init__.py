@@ -1,31 +1,29 @@
-"""Benchmark backends: an explicit registry. Each backend runs inside its image (or locally) and imports its
-engine lazily, so that listing or planning never imports torch or vLLM."""
+"""Benchmark backends: an explicit registry of `Backend` specs, one subpackage per backend (`<name>/__init__.py`
+declares its spec, `config.py` its config rules, `backend.py` its engine).
+
+Listing, planning and dry runs read only the specs, which import neither torch nor vLLM; the worker imports a
+backend's engine (`Backend.engine_class`) when a run starts.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from draftscope.bench.backends import transformers, vllm
+from draftscope.bench.backends.spec import Backend
 from draftscope.core.errors import UserError
 
-
-def _transformers():
-    from draftscope.bench.backends.transformers import TransformersBackend
-
-    return TransformersBackend
-
-
-def _vllm():
-    from draftscope.bench.backends.vllm import VllmBackend
-
-    return VllmBackend
+BACKENDS: dict[str, Backend] = {
+    "transformers": transformers.BACKEND,
+    "vllm": vllm.BACKEND,
+}
 
 
-BACKENDS: dict[str, Callable[[], type]] = {"transformers": _transformers, "vllm": _vllm}
-
-
-def backend_class(name: str) -> type:
+def get(name: str) -> Backend:
+    """The spec of backend `name`; an unknown name is a UserError listing the valid ones."""
     if name not in BACKENDS:
         raise UserError(
             f"unknown backend '{name}'", field="--backend", fix=f"choose one of: {', '.join(BACKENDS)}"
         )
-    return BACKENDS[name]()
+    return BACKENDS[name]
+
+
+__all__ = ["BACKENDS", "Backend", "get"]

@@ -1,4 +1,5 @@
-"""Pieces every backend shares: dtype policy, lazy imports with an actionable error, prompt hashing."""
+"""Pieces every backend shares: dtype policy, lazy imports with an actionable error, prompt hashing, and the
+refusals more than one backend's config checks raise."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from draftscope.core.errors import MissingDependency
+from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.presets import ExperimentConfig
 
 
 def need(module: str, *, extra: str | None = None, image: str | None = None) -> ModuleType:
@@ -43,3 +45,30 @@ def decode_tok_s(times: Sequence[float]) -> float | None:
     if len(times) < 2 or times[-1] <= times[0]:
         return None
     return (len(times) - 1) / (times[-1] - times[0])
+
+
+# --- refusals shared by the backends' config checks ---------------------------------------------------------
+
+
+def head_used(config: ExperimentConfig) -> bool:
+    """Whether the config asks for the certified head (a policy other than dense, its shadow, or a capture)."""
+    head = config.head
+    return head.policy != "dense" or head.shadow or bool(head.capture)
+
+
+def head_refused(config: ExperimentConfig) -> UserError:
+    return UserError(
+        "the certified head runs in the kit's own speculative loop: Transformers backend with a draft",
+        field="head.policy",
+        value=config.head.policy,
+        fix="add --backend transformers --draft …, or use --experimental-prefix for vLLM",
+    )
+
+
+def prefix_refused() -> UserError:
+    return UserError(
+        "the experimental prefix head runs only with --backend vllm --int4-dflash",
+        field="experimental_prefix",
+        value=True,
+        fix="add --backend vllm --int4-dflash",
+    )

@@ -107,7 +107,7 @@ class BenchmarkJob:
 def gpus_used(plan: Plan) -> int:
     """The GPUs a benchmark on "all GPUs" uses: vLLM's tensor-parallel size, else one (Transformers)."""
     experiment = plan.experiment
-    return experiment.vllm.tensor_parallel_size if experiment.backend == "vllm" else 1
+    return plan.backend.gpus_per_task(experiment)
 
 
 def snapshots_cached(plan: Plan) -> bool:

@@ -8,15 +8,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from draftscope.bench.backends.common import choose_dtype, need
+from draftscope.bench.backends.transformers import BACKEND
 from draftscope.core.errors import UserError
 from draftscope.core.presets import ExperimentConfig, ModelPreset, resolve_target
 
-IMAGE = "transformers"
+IMAGE = BACKEND.image  # named in "install … or run in image …" when torch or transformers is missing
 TIMING_SOURCE = "kit decode loop (perf_counter after each token's argmax is on the host)"
 
 
 class TransformersBackend:
-    name = "transformers"
+    name = BACKEND.name
 
     def __init__(self) -> None:
         self.model = self.draft = self.tokenizer = None

@@ -1,8 +1,9 @@
-"""The vLLM backend: the pinned INT4 target with its DFlash2 draft (or any hub target, plain), greedy, batch one.
+"""The vLLM backend's engine: the pinned INT4 target with its DFlash2 draft (or any hub target, plain), greedy,
+batch one.
 
-Everything the worker hands to vLLM is built by `engine_args`, a pure function of the config and the preset
-(no torch, no vLLM), so the dry run can print it and the unit tests can check it. The backend itself imports
-vLLM lazily, inside the vllm image.
+Everything the worker hands to vLLM is built by `config.engine_args`, a pure function of the config and the preset
+(no torch, no vLLM), so the dry run can print it and the unit tests can check it. The engine imports vLLM lazily,
+inside the vllm image.
 
 How it measures (vLLM 0.33, V1 engine):
 - Requests go through `LLMEngine.add_request` + `LLMEngine.step()` with `RequestOutputKind.DELTA`, so every
@@ -17,8 +18,8 @@ How it measures (vLLM 0.33, V1 engine):
   counters (`vllm:spec_decode_num_drafts`, `…_num_draft_tokens`, `…_num_accepted_tokens`) are read before and
   after each request through `LLMEngine.get_metrics()`; their delta goes to the record's `extra`.
 
-Every vLLM name used here is listed in the constants below; the contract test
-(`tests/contract/test_vllm_backend.py`) checks each one against the pinned release's source.
+Every vLLM name used here is listed in the constants below (the values passed to vLLM, in `config.py`); the
+contract test (`tests/contract/test_vllm_backend.py`) checks each one against the pinned release's source.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from draftscope.bench.backends.common import choose_dtype, need
+from draftscope.bench.backends.common import need
+from draftscope.bench.backends.vllm import BACKEND
+from draftscope.bench.backends.vllm.config import OOM_MARKERS, engine_args, sampling_kwargs
 from draftscope.core.errors import UserError
-from draftscope.core.presets import ExperimentConfig, HubRef, ModelPreset, resolve_draft, resolve_target
+from draftscope.core.presets import ExperimentConfig, ModelPreset, resolve_draft, resolve_target
 
-IMAGE = "vllm"
-PINNED_VERSION = "0.33.0"  # the release this module is written and contract-tested against
+IMAGE = BACKEND.image  # named in "install … or run in image …" when vLLM is missing
+PINNED_VERSION = "0.33.0"  # the release this backend (and `config.py`) is written and contract-tested against
 
 TIMING_SOURCE = (
     "vllm streamed outputs (LLMEngine.step with RequestOutputKind.DELTA; perf_counter when each step's tokens "
@@ -80,132 +83,17 @@ TOKENIZER_METHODS = ("apply_chat_template",)
 TOKENS_PROMPT_KEYS = ("prompt_token_ids",)
 OUTPUT_KIND = "DELTA"  # a RequestOutputKind member: each step returns only its new tokens
 FINISH_STOP, FINISH_LENGTH = "stop", "length"  # CompletionOutput.finish_reason strings we map
-SPEC_METHOD = "dflash"
-SPEC_METRICS_LEVEL = "detailed"
-HYBRID_EXECUTOR = "mp"
 SPEC_COUNTERS = (
     "vllm:spec_decode_num_drafts",
     "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens",
 )
-# vLLM's own messages for running out of GPU memory (plus torch's "CUDA out of memory").
-OOM_MARKERS = (
-    "out of memory",
-    "No available memory for the cache blocks",
-    "larger than the available KV cache memory",
-    "is less than desired GPU memory utilization",
-)
 # What this process sees when vLLM's engine core process fails (at start-up, or later); the cause, OOM
 # included, is printed by that process into the same log.
 ENGINE_PROCESS_FAILURES = ("Engine core initialization failed", "EngineCore encountered an issue")
 
-# Shown instead of a dtype where the GPU is not known yet (dry runs); the worker always passes the capability.
-DTYPE_AT_RUN_TIME = "<bfloat16 on compute capability >= 8.0, else float16>"
 
-
-# --- pure parts: what is passed to vLLM ---------------------------------------------------------------------
-
-
-def engine_args(
-    config: ExperimentConfig,
-    preset: ModelPreset,
-    *,
-    capability: tuple[int, int] | None,
-    require_pins: bool = True,
-) -> dict[str, Any]:
-    """The keyword arguments of vLLM's `EngineArgs` for this experiment, exactly as the worker passes them.
-
-    - Target: `resolve_target` (with `int4_dflash`, the preset's INT4 checkpoint), at its pinned revision; the
-      tokenizer at the same revision. Quantization is not passed: vLLM reads it from the checkpoint's own
-      `quantization_config` (compressed-tensors W4A16 for the INT4 preset), so nothing can contradict it.
-    - Draft: `resolve_draft` (with `int4_dflash`, the preset's DFlash2 draft) as a `dflash` speculative config
-      with `num_speculative_tokens = block_size - 1` and the draft's own revision.
-    - dtype: the kit's rule made explicit (bfloat16 on capability >= 8.0, else float16) rather than vLLM's
-      "auto", which would follow the checkpoint's config and could differ from the Transformers baseline.
-    - Prefix caching off (on by default in vLLM V1), remote code never, memory fraction → GPU memory
-      utilization, statistics on (the spec-decode counters need them).
-    - Hybrid (linear-attention) targets: custom all-reduce off and the multiprocessing executor (integration
-      bug 1). `VLLM_BATCH_INVARIANT` is never set.
-
-    `require_pins=False` lets a dry run show an unpinned checkpoint (revision None); a real run refuses it.
-    """
-    if config.backend != "vllm":
-        raise UserError("engine arguments are for the vLLM backend", field="backend", value=config.backend)
-    target = resolve_target(config, preset)
-    if target is None:
-        raise UserError(
-            f"model preset '{preset.name}' is built by the kit and cannot be served by vLLM",
-            field="model_preset",
-            value=preset.name,
-            fix="choose a hub preset (invoke presets), or --backend transformers for the tiny model",
-        )
-    draft = resolve_draft(config, preset)
-    if require_pins:
-        target.require_pinned("target")
-        if draft is not None:
-            draft.require_pinned("draft")
-    args: dict[str, Any] = {
-        "model": target.repo,
-        "revision": target.revision,
-        "tokenizer_revision": target.revision,
-        "trust_remote_code": False,
-        "dtype": _dtype(config, capability),
-        "seed": config.seed,
-        "gpu_memory_utilization": config.memory_fraction,
-        "tensor_parallel_size": config.vllm.tensor_parallel_size,
-        "enforce_eager": config.vllm.enforce_eager,
-        "enable_prefix_caching": False,
-        "disable_log_stats": False,
-    }
-    if config.vllm.max_model_len is not None:
-        args["max_model_len"] = config.vllm.max_model_len
-    if config.vllm.attention_backend is not None:
-        args["attention_backend"] = config.vllm.attention_backend
-    if draft is not None:
-        args["speculative_config"] = speculative_config(draft, preset)
-        args["per_request_spec_decode_metrics"] = SPEC_METRICS_LEVEL
-    if preset.architecture.is_hybrid:
-        args["disable_custom_all_reduce"] = True
-        args["distributed_executor_backend"] = HYBRID_EXECUTOR
-    return args
-
-
-def speculative_config(draft: HubRef, preset: ModelPreset) -> dict[str, Any]:
-    """DFlash fills a block of `block_size` positions whose first holds the last committed token, so it
-    proposes `block_size - 1` tokens per step (FACTS.md, vLLM)."""
-    return {
-        "method": SPEC_METHOD,
-        "model": draft.repo,
-        "revision": draft.revision,
-        "num_speculative_tokens": preset.dflash.block_size - 1,
-    }
-
-
-def sampling_kwargs(max_new_tokens: int, ignore_eos: bool) -> dict[str, Any]:
-    """Greedy `SamplingParams` fields (the output kind is added where vLLM's enum is importable).
-
-    Temperature 0 makes vLLM sample greedily; no logprobs; detokenization off (the records keep token ids);
-    `ignore_eos` only for fixed-length timing runs.
-    """
-    kwargs: dict[str, Any] = {
-        "n": 1,
-        "temperature": 0.0,
-        "max_tokens": max_new_tokens,
-        "logprobs": None,
-        "detokenize": False,
-    }
-    if ignore_eos:
-        kwargs["ignore_eos"] = True
-    return kwargs
-
-
-def _dtype(config: ExperimentConfig, capability: tuple[int, int] | None) -> str:
-    if config.dtype != "auto" or capability is not None:
-        return choose_dtype(config.dtype, "cuda", capability)
-    return DTYPE_AT_RUN_TIME
-
-
-# --- pure parts: what comes back ----------------------------------------------------------------------------
+# --- what comes back, pure ----------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -349,7 +237,7 @@ def _symbol(name: str) -> Any:
 
 
 class VllmBackend:
-    name = "vllm"
+    name = BACKEND.name
 
     def __init__(self) -> None:
         self.engine: Any = None
