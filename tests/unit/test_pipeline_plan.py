@@ -418,7 +418,7 @@ def test_the_tiny_preset_defaults_to_the_cpu_path():
     plan = build("tiny", "dflash", runtime="local")
     assert plan.config.device == "cpu"
     train = upstream(stage_plan(plan, "train").step.argv)
-    assert train[:3] == ["python", "-m", "draftscope.pipeline.cpu_train"]
+    assert train[:3] == ["python", "-m", "draftscope.pipeline.stages.train.cpu_train"]
     for flag, value in (
         ("--loss-implementation", "eager"),
         ("--draft-attn-impl", "sdpa"),

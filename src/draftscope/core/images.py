@@ -18,18 +18,10 @@ from draftscope.core.resources import repo_root as _checkout
 
 IMAGES = ("transformers", "vllm", "train", "sglang")
 
-# Which image runs which step.
+# Which image runs which benchmark backend (a pipeline stage declares its own image: pipeline/stages/<name>/).
 STEP_IMAGES = {
     "benchmark:transformers": "transformers",
     "benchmark:vllm": "vllm",
-    "regen": "vllm",
-    "pretokenize": "train",
-    "prepare": "train",
-    "hsextract": "train",
-    "train": "train",
-    "convert": "train",
-    "serve": "sglang",
-    "bench": "sglang",
 }
 
 LOCK_FILE = "images.lock.json"
