@@ -21,10 +21,10 @@ import pytest
 from releases import SGLANG_PLATFORM, SGLANG_VERSION, Release, pinned_release
 
 from draftscope.core.presets import model_preset_names
-from draftscope.pipeline import convert as C
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
+from draftscope.pipeline.stages.convert import checkpoint as C
 
 pytestmark = pytest.mark.contract
 

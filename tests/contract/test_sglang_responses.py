@@ -28,14 +28,15 @@ from pathlib import Path
 import pytest
 from releases import SGLANG_PLATFORM, SGLANG_VERSION, Release, pinned_release
 
-from draftscope.pipeline import sglang_stages as S
+from draftscope.pipeline import sglang as S
+from draftscope.pipeline.stages.bench import runner as B
 
 pytestmark = pytest.mark.contract
 
 VERSION = SGLANG_VERSION
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sglang_server.py"
 
-# What sglang_stages reads from a chat reply's choices[0].meta_info and from /server_info.
+# What the serve and bench runners read from a chat reply's choices[0].meta_info and from /server_info.
 CLIENT_META_FIELDS = (
     "completion_tokens",
     "spec_verify_ct",
@@ -169,7 +170,7 @@ def meta_info_keys(release: Release) -> dict[str, ast.expr | None]:
 def test_the_chat_endpoint_takes_every_key_the_client_sends(sglang):
     assert ("POST", "/v1/chat/completions") in routes(sglang, "sglang.srt.entrypoints.http_server")
     fields = class_fields(sglang, "sglang.srt.entrypoints.openai.protocol", "ChatCompletionRequest")
-    body = S._chat_body([{"role": "user", "content": "hi"}], 8)
+    body = S.chat_body([{"role": "user", "content": "hi"}], 8)
     assert set(body) <= set(fields), set(body) - set(fields)
     assert ast.unparse(fields["return_meta_info"].value) == "False"  # off unless asked
     protocol = sglang.source("sglang.srt.entrypoints.openai.protocol")
@@ -184,7 +185,7 @@ def test_meta_info_comes_back_at_choices_0(sglang):
     assert "meta_info=choice_meta_info" in chat
     # return_meta_info is refused with streaming: the client never streams.
     assert "Please set stream=false when using return_meta_info=true." in chat
-    assert S._chat_body([], 1)["stream"] is False
+    assert S.chat_body([], 1)["stream"] is False
 
 
 def test_the_client_reads_only_fields_sglang_writes_into_meta_info(sglang):
@@ -223,7 +224,7 @@ def test_the_acceptance_rate_definition_and_the_verify_windows(sglang):
     assert "speculative_num_draft_tokens=int(cfg.speculative_dflash_block_size)" in hook
     # DSPARK: --speculative-dspark-block-size γ → window γ + 1 (bench's --draft-tokens γ → γ drafted per step).
     assert "verify_window = int(gamma) + 1" in hook and "speculative_num_draft_tokens=verify_window" in hook
-    assert S._drafted_per_step("DFLASH", 16, []) == 15 and S._drafted_per_step("DSPARK", 7, []) == 7
+    assert B._drafted_per_step("DFLASH", 16, []) == 15 and B._drafted_per_step("DSPARK", 7, []) == 7
     # One verify step commits its correct drafts plus the bonus token: accept length − 1 = correct drafts per step.
     processor = sglang.source("sglang.srt.managers.scheduler_components.batch_result_processor")
     assert "# Commit the full accepted run (drafts + bonus)." in processor
@@ -288,7 +289,7 @@ def fake_replies(tmp_path_factory):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        body = json.dumps(S._chat_body([{"role": "user", "content": "hi"}], 16)).encode()
+        body = json.dumps(S.chat_body([{"role": "user", "content": "hi"}], 16)).encode()
         req = urllib.request.Request(
             base + S.CHAT_PATH, data=body, headers={"Content-Type": "application/json"}
         )

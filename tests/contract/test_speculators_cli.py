@@ -22,10 +22,10 @@ import pytest
 from releases import Release, ReleaseUnavailable, release_wheel
 
 from draftscope.core.presets import model_preset_names
-from draftscope.pipeline import convert as C
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
+from draftscope.pipeline.stages.convert import checkpoint as C
 
 pytestmark = pytest.mark.contract
 
@@ -295,7 +295,11 @@ def test_every_train_flag_exists_with_its_form_and_choices(spec, hsc):
     flags = train_flags(spec, hsc)
     checked = 0
     for preset, draft, argv in planned("train"):
-        module = "speculators.train" if "speculators.train" in argv else "draftscope.pipeline.cpu_train"
+        module = (
+            "speculators.train"
+            if "speculators.train" in argv
+            else "draftscope.pipeline.stages.train.cpu_train"
+        )
         trainer = argv[argv.index(module) + 1 :]
         checked += 1
         for flag, values in split_options(trainer):

@@ -1,7 +1,7 @@
 """Fault driver for the hidden-state extractor, run as its own process by test_faults_hsextract.py.
 
 `python hs_driver.py OUT SEED FAULTS` builds a small random Qwen3 and synthetic token rows, then kills
-`hsextract_transformers.extract` again and again while it writes `OUT/hs/hs_<row>.safetensors`: SIGKILL or SIGTERM
+`transformers_extractor.extract` again and again while it writes `OUT/hs/hs_<row>.safetensors`: SIGKILL or SIGTERM
 after a seeded number of new files or a seeded moment, and SIGKILL between a file's write and its rename. Each
 attempt is a fork of this process (torch is imported once; the child runs the kit's real extractor and is killed
 for real). After each kill every whole file must load with the right shapes and every file seen before must be
@@ -26,7 +26,7 @@ torch.set_num_threads(1)  # before any op: no thread pool exists when the proces
 from safetensors import safe_open  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from draftscope.pipeline import hsextract_transformers as hx  # noqa: E402
+from draftscope.pipeline.stages.hsextract import transformers_extractor as hx  # noqa: E402
 
 ROWS = 64
 LAYERS = [2, 3, 4]  # speculators' hidden-state indices: two auxiliary layers, then the final one (4 layers)

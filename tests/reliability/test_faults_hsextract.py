@@ -1,4 +1,4 @@
-"""Faults injected into the tiny path's hidden-state extractor (`draftscope.pipeline.hsextract_transformers.extract`,
+"""Faults injected into the tiny path's hidden-state extractor (`draftscope.pipeline.stages.hsextract.transformers_extractor.extract`,
 the code the hsextract stage runs on a CPU), called directly on a small random Qwen3 with synthetic token rows —
 the stage itself needs `prepare`'s dataset and the speculators environment (see test_faults_train.py, which kills
 the real stage too). `hs_driver.py` forks the extractor and kills it with SIGKILL or SIGTERM after a seeded number

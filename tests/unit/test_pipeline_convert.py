@@ -13,10 +13,10 @@ from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.presets import load_model_preset, model_preset_names
 from draftscope.core.schema import problems
-from draftscope.pipeline import convert as C
 from draftscope.pipeline.__main__ import main as pipeline_main
 from draftscope.pipeline.__main__ import parser as pipeline_parser
 from draftscope.pipeline.config import DRAFTS
+from draftscope.pipeline.stages.convert import checkpoint as C
 
 HIDDEN, VOCAB, RANK = 64, 512, 8
 SPECULATORS_ARCH = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from draftscope.core.errors import UserError
-from draftscope.pipeline.hsextract_transformers import extract, file_for
+from draftscope.pipeline.stages.hsextract.transformers_extractor import extract, file_for
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ import pytest
 
 from draftscope.core.errors import UserError
 from draftscope.core.schema import problems
-from draftscope.pipeline import hsextract_runner as H
+from draftscope.pipeline.stages.hsextract import runner as H
 
 from support import HEALTH_SERVER
 

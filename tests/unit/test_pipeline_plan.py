@@ -74,7 +74,7 @@ def test_every_preset_and_draft_plans_all_eight_stages(preset, draft):
     assert [sp.stage.name for sp in plan.stages] == list(registry.NAMES)
     assert {sp.stage.name: sp.step.image for sp in plan.stages} == EXPECTED_IMAGES
     lines = planning.dry_run_lines(plan, get_runtime("docker"))
-    assert sum(line.startswith("docker run ") for line in lines) == 8
+    assert sum(line.startswith("docker run ") for line in lines) == len(EXPECTED_IMAGES)
     model = load_model_preset(preset)
     ids = list(model.dflash.target_layer_ids)
     shifted = [str(i + 1) for i in ids]
@@ -418,7 +418,7 @@ def test_the_tiny_preset_defaults_to_the_cpu_path():
     plan = build("tiny", "dflash", runtime="local")
     assert plan.config.device == "cpu"
     train = upstream(stage_plan(plan, "train").step.argv)
-    assert train[:3] == ["python", "-m", "draftscope.pipeline.cpu_train"]
+    assert train[:3] == ["python", "-m", "draftscope.pipeline.stages.train.cpu_train"]
     for flag, value in (
         ("--loss-implementation", "eager"),
         ("--draft-attn-impl", "sdpa"),

@@ -13,8 +13,8 @@ import pytest
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import iter_jsonl, read_json
 from draftscope.core.schema import problems
-from draftscope.pipeline import pretokenize as P
 from draftscope.pipeline.__main__ import main as pipeline_main
+from draftscope.pipeline.stages.pretokenize import encode as P
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from draftscope.core.errors import UserError
-from draftscope.pipeline import regen_client as R
+from draftscope.pipeline.stages.regen import client as R
 
 SAMPLING = R.Sampling("target", 8, 0.0, 0)
 

@@ -1,4 +1,4 @@
-"""serve and bench in the container (`draftscope.pipeline.sglang_stages`), run for real against the loopback fake
+"""serve and bench in the container (`draftscope.pipeline.stages.serve.runner`, `draftscope.pipeline.stages.bench.runner`), run for real against the loopback fake
 SGLang server (`tests/fakes/sglang_server.py`): real processes, real HTTP, real Prometheus parsing.
 
 The fake's decoding is deterministic: request k on a server commits `accept_lengths[k % len]` tokens per verify
@@ -29,7 +29,9 @@ import pytest
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.schema import problems
-from draftscope.pipeline import sglang_stages as S
+from draftscope.pipeline import sglang
+from draftscope.pipeline.stages.bench import runner as B
+from draftscope.pipeline.stages.serve import runner as SV
 
 from support import ROOT
 
@@ -41,7 +43,7 @@ SCHED = 'engine_type="unified",model_name="fake-target",moe_ep_rank="0",pp_rank=
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch):
-    monkeypatch.setattr(S, "RETRY_DELAYS_S", (0.01, 0.02, 0.04))
+    monkeypatch.setattr(sglang, "RETRY_DELAYS_S", (0.01, 0.02, 0.04))
 
 
 def free_port() -> int:
@@ -73,7 +75,7 @@ def write_prompts(tmp_path: Path, ids=PROMPTS) -> Path:
 
 def bench_args(tmp_path: Path, commands: Path, *extra: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    S.add_bench_arguments(p)
+    B.add_arguments(p)
     return p.parse_args(
         [
             "--commands",
@@ -115,7 +117,7 @@ def serve_argv(tmp_path: Path, commands: Path, *extra: str) -> list[str]:
 
 def serve_args(tmp_path: Path, commands: Path, *extra: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    S.add_serve_arguments(p)
+    SV.add_arguments(p)
     return p.parse_args(serve_argv(tmp_path, commands, *extra))
 
 
@@ -141,7 +143,7 @@ def valid(obj: dict, schema: str) -> dict:
 
 def test_bench_measures_the_run_mean_and_the_rate_from_the_servers_counts(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--accept-lengths", "3,2,4")])
-    counts = S.bench_main(bench_args(tmp_path, commands, "--repeats", "2"))
+    counts = B.main(bench_args(tmp_path, commands, "--repeats", "2"))
     result = valid(read_json(tmp_path / "run" / "bench" / "bench.json"), "stage-bench")
 
     # 6 requests, 16 tokens each; verify steps 5, 8, 4 per round (twice); correct drafts 10, 8, 12 of 3 per step.
@@ -171,7 +173,7 @@ def test_bench_splits_round_robin_and_records_each_instances_server_figures(tmp_
             fake(tmp_path, "server-1", "--accept-lengths", "2", "--model-name", "other-target"),
         ],
     )
-    S.bench_main(bench_args(tmp_path, commands, "--repeats", "2"))
+    B.main(bench_args(tmp_path, commands, "--repeats", "2"))
     result = valid(read_json(tmp_path / "run" / "bench" / "bench.json"), "stage-bench")
 
     per = result["per_request"]
@@ -209,7 +211,7 @@ def test_dspark_drafts_gamma_tokens_per_step(tmp_path):
         tmp_path, [fake(tmp_path, "server-0", "--accept-lengths", "4", "--algorithm", "DSPARK")]
     )
     args = bench_args(tmp_path, commands, "--draft", "dspark", "--algorithm", "DSPARK", "--draft-tokens", "3")
-    S.bench_main(args)
+    B.main(args)
     result = valid(read_json(tmp_path / "run" / "bench" / "bench.json"), "stage-bench")
     assert result["draft_tokens_per_step"] == 3
     assert result["accept_rate"] == pytest.approx(36 / 36)  # 4 tokens per step: every draft accepted
@@ -217,18 +219,18 @@ def test_dspark_drafts_gamma_tokens_per_step(tmp_path):
 
 def test_the_rate_formula_when_the_server_gives_no_draft_counts():
     rows = [{"completion_tokens": 16, "spec_verify_ct": 8, "spec_accept_length": 2.0}]
-    mean = S._mean_accept_length(rows)
+    mean = B._mean_accept_length(rows)
     assert mean == 2.0
-    assert S._accept_rate(rows, mean, S._drafted_per_step("DFLASH", 5, [])) == pytest.approx(1 / 4)
-    assert S._accept_rate(rows, mean, S._drafted_per_step("DSPARK", 5, [])) == pytest.approx(1 / 5)
+    assert B._accept_rate(rows, mean, B._drafted_per_step("DFLASH", 5, [])) == pytest.approx(1 / 4)
+    assert B._accept_rate(rows, mean, B._drafted_per_step("DSPARK", 5, [])) == pytest.approx(1 / 5)
     # No verify count anywhere: the plain mean of the per-request figures.
-    assert S._mean_accept_length([{"spec_accept_length": 2.0}, {"spec_accept_length": 3.0}]) == 2.5
-    assert S._mean_accept_length([{"completion_tokens": 1, "spec_accept_length": None}]) is None
+    assert B._mean_accept_length([{"spec_accept_length": 2.0}, {"spec_accept_length": 3.0}]) == 2.5
+    assert B._mean_accept_length([{"completion_tokens": 1, "spec_accept_length": None}]) is None
 
 
 def test_bench_writes_every_request_as_it_arrives(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0")])
-    S.bench_main(bench_args(tmp_path, commands, "--concurrency", "2"))
+    B.main(bench_args(tmp_path, commands, "--concurrency", "2"))
     lines = (tmp_path / "run" / "bench" / "requests.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     assert sorted(r["seq"] for r in rows) == [0, 1, 2]
@@ -238,7 +240,7 @@ def test_bench_writes_every_request_as_it_arrives(tmp_path):
 
 def test_transient_503s_are_retried(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--fail-first", "3")])
-    S.bench_main(bench_args(tmp_path, commands))
+    B.main(bench_args(tmp_path, commands))
     result = valid(read_json(tmp_path / "run" / "bench" / "bench.json"), "stage-bench")
     assert result["requests"] == 3
     log = (tmp_path / "run" / "logs" / "bench.server-0.log").read_text()
@@ -249,7 +251,7 @@ def test_transient_503s_are_retried(tmp_path):
 def test_a_request_that_keeps_failing_fails_the_stage_naming_prompt_and_instance(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--fail-first", "4")])
     with pytest.raises(UserError) as err:
-        S.bench_main(bench_args(tmp_path, commands))
+        B.main(bench_args(tmp_path, commands))
     message = err.value.render()
     assert "prompt 'p0'" in message and "instance 0 (server-0" in message and "HTTP 503" in message
     assert "after 4 attempt(s)" in message and "\n" not in message
@@ -262,7 +264,7 @@ def test_a_server_that_dies_mid_run_fails_the_stage_and_leaves_no_process(tmp_pa
         tmp_path, [fake(tmp_path, "server-0"), fake(tmp_path, "server-1", "--die-after", "1")]
     )
     with pytest.raises(UserError) as err:
-        S.bench_main(bench_args(tmp_path, commands, "--repeats", "2"))
+        B.main(bench_args(tmp_path, commands, "--repeats", "2"))
     message = err.value.render()
     # server-1 answers seq 1 (p1) and dies on seq 3 (p0, repeat 1).
     assert "prompt 'p0' (repeat 1)" in message and "instance 1 (server-1" in message
@@ -276,7 +278,7 @@ def test_a_server_that_never_becomes_healthy_fails_and_is_stopped(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--never-healthy")])
     args = bench_args(tmp_path, commands, "--startup-timeout", "1.5")
     with pytest.raises(UserError, match="server-0 not healthy after"):
-        S.bench_main(args)
+        B.main(args)
     assert gone(pid_of(tmp_path, "server-0"))
 
 
@@ -290,16 +292,16 @@ def test_a_server_that_exits_early_fails_and_its_healthy_sibling_is_stopped(tmp_
     }
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--startup-delay", "0.5"), broken])
     with pytest.raises(UserError, match="server-1 exited with code 3 before it was healthy"):
-        S.bench_main(bench_args(tmp_path, commands))
+        B.main(bench_args(tmp_path, commands))
     assert gone(pid_of(tmp_path, "server-0"))
 
 
 def test_bench_refuses_bad_arguments_before_starting_anything(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0")])
     with pytest.raises(UserError, match="--draft-tokens"):
-        S.bench_main(bench_args(tmp_path, commands, "--draft-tokens", "1"))
+        B.main(bench_args(tmp_path, commands, "--draft-tokens", "1"))
     with pytest.raises(UserError, match="--repeats"):
-        S.bench_main(bench_args(tmp_path, commands, "--repeats", "0"))
+        B.main(bench_args(tmp_path, commands, "--repeats", "0"))
     assert not (tmp_path / "server-0.pid").exists()
 
 
@@ -351,7 +353,7 @@ def test_serve_writes_a_valid_plan_and_stops_the_instances(tmp_path):
     entries = [fake(tmp_path, "server-0", "--startup-delay", "0.3"), fake(tmp_path, "server-1")]
     entries[1]["env"] = {"EXTRA": "1"}
     commands = write_commands(tmp_path, entries, stage="serve")
-    counts = S.serve_main(serve_args(tmp_path, commands))
+    counts = SV.main(serve_args(tmp_path, commands))
     plan = valid(read_json(tmp_path / "run" / "serve" / "plan.json"), "stage-serve")
     assert counts == {"instances": 2, "healthy": 2, "speculating": 2}
     assert plan["algorithm"] == "DFLASH" and plan["draft_path"] == "/draftscope/run/draft"
@@ -371,17 +373,17 @@ def test_serve_writes_a_valid_plan_and_stops_the_instances(tmp_path):
 def test_serve_fails_when_the_server_does_not_speculate(tmp_path):
     commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--no-speculation")], stage="serve")
     with pytest.raises(UserError, match="not speculating"):
-        S.serve_main(serve_args(tmp_path, commands))
+        SV.main(serve_args(tmp_path, commands))
     assert not (tmp_path / "run" / "serve" / "plan.json").exists()
     assert gone(pid_of(tmp_path, "server-0"))
 
 
 HOLD_SCRIPT = """
 import argparse, sys
-from draftscope.pipeline import sglang_stages as S
+from draftscope.pipeline.stages.serve import runner as SV
 p = argparse.ArgumentParser()
-S.add_serve_arguments(p)
-print(S.serve_main(p.parse_args(sys.argv[1:])), flush=True)
+SV.add_arguments(p)
+print(SV.main(p.parse_args(sys.argv[1:])), flush=True)
 """
 
 

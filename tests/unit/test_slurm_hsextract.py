@@ -14,10 +14,11 @@ import pytest
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.execute.slurm import jobs, shards
-from draftscope.pipeline import hsextract, registry
 from draftscope.pipeline import plan as planning
+from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
-from draftscope.pipeline.hsextract_runner import block, client_rows
+from draftscope.pipeline.stages import hsextract
+from draftscope.pipeline.stages.hsextract.runner import block, client_rows
 from draftscope.runtime import Outcome, get_runtime
 
 from support import HEALTH_SERVER
@@ -292,7 +293,7 @@ def test_hsextract_check_names_the_missing_rows(tmp_path, monkeypatch):
     pytest.importorskip("safetensors")
     from safetensors.torch import save_file
 
-    from draftscope.pipeline import hsextract_runner as H
+    from draftscope.pipeline.stages.hsextract import runner as H
 
     out = tmp_path / "hidden_states"
     out.mkdir()
@@ -348,7 +349,7 @@ def test_a_task_of_a_complete_stage_starts_nothing(tmp_path, monkeypatch):
 BLOCK_CLIENT = """
 import sys, torch
 from safetensors.torch import save_file
-from draftscope.pipeline.hsextract_runner import block
+from draftscope.pipeline.stages.hsextract.runner import block
 world, rank = int(sys.argv[sys.argv.index("--world-size") + 1]), int(sys.argv[sys.argv.index("--rank") + 1])
 for r in block(int(sys.argv[1]), world, rank):
     save_file({"token_ids": torch.arange(3), "hidden_states": torch.zeros(3, 2, 8)}, f"{sys.argv[2]}/hs_{r}.safetensors")
@@ -363,7 +364,7 @@ def test_the_runner_of_a_task_checks_its_clients_blocks_only(tmp_path, monkeypat
     import json
     import socket
 
-    from draftscope.pipeline import hsextract_runner as H
+    from draftscope.pipeline.stages.hsextract import runner as H
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

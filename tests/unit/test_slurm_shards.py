@@ -16,7 +16,7 @@ from draftscope.execute.slurm import shards
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
-from draftscope.pipeline.regen_client import Row, shard_rows
+from draftscope.pipeline.stages.regen.client import Row, shard_rows
 
 ROWS = 7
 
@@ -52,7 +52,7 @@ def run(tmp_path):
 
 def write_shard(plan, i, n, *, error_ids=(), drop=(), status="completed", outcome=True):
     """What shard i's regen client and task write: rows as JsonlAppender writes them, in completion order."""
-    from draftscope.pipeline.regen_client import read_rows
+    from draftscope.pipeline.stages.regen.client import read_rows
 
     rows = shard_rows(read_rows(plan.context.inputs["chat"]), i, n)
     folder = shards.output_dir(plan.workdir, i)

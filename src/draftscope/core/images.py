@@ -18,18 +18,6 @@ from draftscope.core.resources import repo_root as _checkout
 
 IMAGES = ("transformers", "vllm", "train", "sglang")
 
-# Which image runs which step.
-STEP_IMAGES = {
-    "regen": "vllm",
-    "pretokenize": "train",
-    "prepare": "train",
-    "hsextract": "train",
-    "train": "train",
-    "convert": "train",
-    "serve": "sglang",
-    "bench": "sglang",
-}
-
 LOCK_FILE = "images.lock.json"
 SOURCE_URL = "https://github.com/draftscope/draftscope"
 

@@ -6,11 +6,8 @@ completion record. Heavy libraries are imported lazily inside the command that n
 
 - `exec STAGE -- ARGV…`: run an upstream command (speculators prepare-data, torchrun …) unchanged, forwarding
   SIGTERM/SIGINT to it, and record how it ended.
-- `pretokenize`, `convert`, `hsextract-transformers`: the kit's own stage code; `hsextract-check`: after a Slurm
-  job array of hsextract, every row's file and sampled shapes checked, the stage's summary written.
-- `regen`, `hsextract`, `serve`, `bench`: start the servers listed in the stage's commands file (`servers.py`), wait
-  for their health, run the clients, stop the servers.
-- `tinyserve`: the tiny target behind a loopback OpenAI-compatible chat endpoint (the CPU path's regen server).
+- every other command is an `Entry` a stage declares (`stages/<name>/__init__.py`), read from the registry: its
+  arguments, its `main`, and whether it writes the result file (the tiny target's server, `tinyserve`, does not).
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError, run_main
+from draftscope.pipeline import registry
 
 RESULT_SCHEMA_VERSION = 1
 RESULT_SCHEMA = "stage-result"  # stages/<stage>.result.json
@@ -99,9 +97,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return code
 
 
-def _kit(
+def _recorded(
     stage: str, main: Callable[[argparse.Namespace], dict[str, Any]]
 ) -> Callable[[argparse.Namespace], int]:
+    """A stage's entry whose counts go into the stage's result file."""
+
     def run(args: argparse.Namespace) -> int:
         started = time.monotonic()
         counts = main(args)
@@ -112,65 +112,23 @@ def _kit(
 
 
 def parser() -> argparse.ArgumentParser:
-    from draftscope.pipeline import convert, pretokenize
-
     root = argparse.ArgumentParser(prog="python -m draftscope.pipeline", description=__doc__)
     sub = root.add_subparsers(dest="command", required=True)
-
-    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
-        p.add_argument("--result", default=None, help="where to write the result file")
-        p.set_defaults(run=run)
-        return p
-
-    p = command("exec", cmd_exec, "run an upstream command and record how it ended")
+    p = sub.add_parser("exec", help="run an upstream command and record how it ended")
+    p.add_argument("--result", default=None, help="where to write the result file")
     p.add_argument("stage")
     p.add_argument("argv", nargs=argparse.REMAINDER)
-    pretokenize.add_arguments(
-        command("pretokenize", _kit("pretokenize", pretokenize.main), "chat rows → ids + mask")
-    )
-    convert.add_arguments(
-        command("convert", _kit("convert", convert.main), "speculators checkpoint → SGLang draft")
-    )
-    p = command(
-        "hsextract-transformers", _hsextract_transformers, "hidden states with Transformers (tiny, CPU)"
-    )
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--summary", required=True)
-    p.add_argument("--layer-ids", type=int, nargs="+", required=True)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--world-size", type=int, default=None, help="with --rank: only that block of the rows")
-    p.add_argument("--rank", type=int, default=None)
-    from draftscope.pipeline import hsextract_runner, regen_client, sglang_stages, tinyserve
-
-    regen_client.add_arguments(
-        command("regen", _kit("regen", regen_client.main), "target servers + regen client")
-    )
-    hsextract_runner.add_arguments(
-        command("hsextract", _kit("hsextract", hsextract_runner.main), "vLLM hidden-state servers + clients")
-    )
-    check = _kit("hsextract", hsextract_runner.check_main)
-    hsextract_runner.add_check_arguments(
-        command("hsextract-check", check, "check a Slurm job array's hidden states, write the summary")
-    )
-    sglang_stages.add_serve_arguments(
-        command("serve", _kit("serve", sglang_stages.serve_main), "SGLang instances")
-    )
-    sglang_stages.add_bench_arguments(
-        command("bench", _kit("bench", sglang_stages.bench_main), "acceptance on SGLang instances")
-    )
-    p = sub.add_parser("tinyserve", help="the tiny target behind an OpenAI-compatible chat endpoint (CPU)")
-    tinyserve.add_arguments(p)
-    p.set_defaults(run=tinyserve.main)
+    p.set_defaults(run=cmd_exec)
+    for stage in registry.STAGES:
+        for entry in stage.entries:
+            p = sub.add_parser(entry.name, help=entry.help)
+            if entry.recorded:
+                p.add_argument("--result", default=None, help="where to write the result file")
+                p.set_defaults(run=_recorded(stage.name, entry.main))
+            else:
+                p.set_defaults(run=entry.main)
+            entry.add_arguments(p)
     return root
-
-
-def _hsextract_transformers(args: argparse.Namespace) -> int:
-    from draftscope.pipeline import hsextract_transformers
-
-    return _kit("hsextract", hsextract_transformers.main)(args)
 
 
 def main(argv: list[str] | None = None) -> int:

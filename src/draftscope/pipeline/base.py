@@ -1,9 +1,11 @@
 """What every stage shares: the stage declaration, the context it is planned in, paths, and server instances.
 
-A stage is a small declarative object (`Stage`): name, image, what it reads and writes, its output schema, and
-functions that build — purely, without touching the disk — the in-container argv and the processes that argv
-starts. The planner turns it into a `Step` for a runtime; the same functions serve the dry run and the real run,
-so what `--dry-run` prints is what runs.
+A stage is a small declarative object (`Stage`), one per subpackage `stages/<name>/`: name, image, what it reads
+and writes, its output schema, functions that build — purely, without touching the disk — the in-container argv
+and the processes that argv starts, and the in-container commands (`Entry`) that argv runs. The planner turns it
+into a `Step` for a runtime; the same functions serve the dry run and the real run, so what `--dry-run` prints is
+what runs. Nothing outside the stage asks for it by name: the plan, the runner and `python -m draftscope.pipeline`
+read its declaration.
 
 Layer ids. A preset's `dflash.target_layer_ids` are 0-based indices of the target's decoder layers whose outputs
 feed the draft — SGLang's (and z-lab's) `dflash_config.target_layer_ids`. speculators counts hidden states the
@@ -15,12 +17,14 @@ them back (minus one).
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from draftscope.core.errors import UserError
 from draftscope.core.hub import hub_cache_dir, hub_snapshot
@@ -114,11 +118,28 @@ class StageContext:
 
 
 @dataclass(frozen=True)
-class Stage:
-    """A stage: what it is, where it runs, what it reads and writes, and how its commands are built."""
+class Entry:
+    """One in-container command of a stage: `python -m draftscope.pipeline NAME --result FILE ARGS…`.
+
+    The stage's argv builder names it (`kit_argv`); `python -m draftscope.pipeline` builds its parser from
+    `add_arguments` and runs `main`, which returns the counts for the stage's result file. An unrecorded entry is a
+    helper process the stage starts (the tiny target's server): it takes no `--result` and `main` returns its exit
+    code."""
 
     name: str
-    image: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    main: Callable[[argparse.Namespace], Any]
+    recorded: bool = True
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage: what it is, where it runs, what it reads and writes, how its commands are built and what runs them
+    in the container. The registry (`registry.STAGES`) lists it; nothing else names it."""
+
+    name: str
+    image: str  # the image its step runs in (core.images.IMAGES)
     summary: str
     uses_gpu: bool
     output_schema: str | None
@@ -128,6 +149,14 @@ class Stage:
     commands: Callable[[StageContext], list[Command]] = lambda ctx: []  # what that command starts, if several
     env: Callable[[StageContext], dict[str, str]] = lambda ctx: {}
     notes: Callable[[StageContext], list[str]] = lambda ctx: []
+    # The in-container commands its argv runs; none when it runs an upstream command under `exec` (`exec_argv`).
+    entries: tuple[Entry, ...] = ()
+    # The Linux-only engine it starts for a real target (core.platforms.LINUX_ONLY); a real run elsewhere is refused.
+    # The tiny preset's path starts none (a loopback server, a Transformers extractor), so it runs anywhere.
+    engine: str | None = None
+    cpu_refusal: str | None = None  # why it cannot run with `device: cpu`, when it cannot
+    # Reads what it takes from outside the workdir before anything is written, so a malformed file leaves no state.
+    check_inputs: Callable[[StageContext], None] = lambda ctx: None
 
 
 # --- paths ---------------------------------------------------------------------------------------------------
@@ -137,6 +166,12 @@ def chat_input(ctx: StageContext) -> Artifact:
     """The chat rows file (`data.chat`); a placeholder when unset, which a real run refuses (`runner.preflight`)."""
     path = ctx.inputs.get("chat")
     return Artifact("chat", path if path is not None else Path("<data.chat is not set>"))
+
+
+def chat_file(ctx: StageContext) -> Path | None:
+    """The chat rows file on the host when it is configured and exists (what `check_inputs` reads)."""
+    path = ctx.inputs.get("chat")
+    return path if path is not None and path.is_file() else None
 
 
 def tiny_assets() -> Path:

@@ -108,7 +108,7 @@ def stage_step(stage: Stage, ctx: StageContext) -> Step:
     gpu = stage.uses_gpu and not ctx.cpu
     return Step(
         name=stage.name,
-        image=images.STEP_IMAGES[stage.name],
+        image=stage.image,
         argv=tuple(stage.argv(ctx)),
         mounts=ctx.mounts,
         env=MappingProxyType(env),

@@ -24,6 +24,7 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
+from draftscope.core.platforms import refusal
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.pipeline import state
 from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, StageContext
@@ -43,11 +44,17 @@ class StageOutcome:
 
 
 def not_built(sp: StagePlan, ctx: StageContext) -> str | None:
-    """Why a stage cannot run on this device, if it cannot: SGLang has no CPU path."""
-    name = sp.stage.name
-    if name in ("serve", "bench") and ctx.cpu:
-        return f"{name} needs SGLang on an NVIDIA GPU; there is no CPU path (its client is tested on a CPU)"
+    """Why a stage cannot run on this device, if it cannot (its declaration says: SGLang has no CPU path)."""
+    if ctx.cpu and sp.stage.cpu_refusal:
+        return f"{sp.stage.name} {sp.stage.cpu_refusal}"
     return None
+
+
+def engine_refusal(sp: StagePlan, preset_source: str) -> str | None:
+    """Why this host cannot run the engine the stage starts (vLLM, SGLang: Linux only). The tiny preset's path
+    starts none: its loopback server and Transformers extractor run anywhere."""
+    engine = sp.stage.engine
+    return refusal(engine) if engine and preset_source != "kit" else None
 
 
 # --- preflight ------------------------------------------------------------------------------------------------
@@ -92,10 +99,8 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
         from draftscope.tiny.assets import require_files
 
         require_files(preset)
-    from draftscope.core.platforms import stage_refusal
-
     for sp in plan.stages:
-        reason = not_built(sp, ctx) or stage_refusal(sp.stage.name, uses_engine=preset.source != "kit")
+        reason = not_built(sp, ctx) or engine_refusal(sp, preset.source)
         if reason:
             raise UserError(
                 reason, field="--stage", value=sp.stage.name, fix="run the other stages, or --dry-run"
@@ -129,36 +134,16 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
     for name, path in ctx.inputs.items():
         if name in used and not path.is_file():
             raise UserError("input file not found", field=name, value=str(path), fix="check the path")
-    check_chat_rows(plan)
+    check_inputs(plan)
     fetch = fetch_step(plan)
     runtime.check_images([sp.step.image for sp in plan.stages] + ([fetch.image] if fetch else []))
 
 
-def check_chat_rows(plan: PipelinePlan) -> None:
-    """The chat rows are read once before anything is written, so a malformed file leaves no state behind: what
-    regen needs (an id, messages, something to answer), or pretokenize's rows when it reads data.chat itself."""
-    ctx = plan.context
-    path = ctx.inputs.get("chat")
-    names = {sp.stage.name for sp in plan.stages}
-    if path is None or not path.is_file():
-        return
-    max_rows = plan.config.data.max_rows
-    if "regen" in names:
-        from draftscope.pipeline.regen_client import read_rows
-
-        read_rows(path, max_rows)
-    elif "pretokenize" in names and any(a.name == "chat" for sp in plan.stages for a in sp.inputs):
-        from draftscope.pipeline.pretokenize import read_rows as read_chat
-
-        try:
-            for _ in read_chat(path, max_rows):
-                pass
-        except UnicodeDecodeError as exc:
-            raise UserError(
-                f"not UTF-8 text (byte {exc.start})", source=str(path), field="data.chat"
-            ) from None
-        except ValueError as exc:
-            raise UserError(f"not JSON Lines ({exc})", source=str(path), field="data.chat") from None
+def check_inputs(plan: PipelinePlan) -> None:
+    """Each stage reads what it takes from outside the workdir (the chat rows) once, before anything is written, so
+    a malformed file leaves no state behind; what it checks is the stage's own declaration (`Stage.check_inputs`)."""
+    for sp in plan.stages:
+        sp.stage.check_inputs(plan.context)
 
 
 def stage_preconditions(sp: StagePlan, ctx: StageContext) -> None:

@@ -93,7 +93,7 @@ def shard_commands(ctx: StageContext, shard: int, shards: int = 1, stage: str = 
     """The stage's commands for one shard: the same servers, ports moved up by shard × instances; hsextract's
     servers with the shard's own scratch folders and its clients with the shard's ranks."""
     if stage == HSEXTRACT:
-        from draftscope.pipeline import hsextract
+        from draftscope.pipeline.stages import hsextract
 
         if not hsextract.uses_vllm(ctx):
             return []
@@ -103,7 +103,7 @@ def shard_commands(ctx: StageContext, shard: int, shards: int = 1, stage: str = 
         return [hsextract.server_command(ctx, i, scratch=s) for i, s in zip(found, scratch, strict=True)] + [
             hsextract.client_command(ctx, i, shards * k, rank=shard * k + i.index) for i in found
         ]
-    from draftscope.pipeline import regen
+    from draftscope.pipeline.stages import regen
 
     return [regen.server_command(ctx, i) for i in _moved(regen.instances(ctx), shard, "regen.base_port")]
 
@@ -307,7 +307,7 @@ def _write_lines(path: Path, lines: Iterable[bytes]) -> None:
 def merge(plan: PipelinePlan, shards: int) -> dict[str, Any]:
     """Account for every row over the shards and write the stage's outputs; the merged counts. UserError when a
     row is missing, twice, or the shards disagree."""
-    from draftscope.pipeline.regen_client import account, read_rows, shard_rows
+    from draftscope.pipeline.stages.regen.client import account, read_rows, shard_rows
 
     workdir = plan.workdir
     chat = plan.context.inputs.get("chat")
@@ -410,7 +410,7 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
 
 def check_step(sp: StagePlan, ctx: StageContext) -> Step:
     """The check job's step: `hsextract-check` in the stage's image, on no GPU."""
-    from draftscope.pipeline import hsextract
+    from draftscope.pipeline.stages import hsextract
 
     return replace(
         sp.step,

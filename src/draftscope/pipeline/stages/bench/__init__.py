@@ -9,8 +9,9 @@ writes `bench/bench.json` (schema `stage-bench`). SGLang needs an NVIDIA GPU.
 
 from __future__ import annotations
 
-from draftscope.pipeline import serve
-from draftscope.pipeline.base import Artifact, Command, Stage, StageContext, kit_argv
+from draftscope.pipeline.base import Artifact, Command, Entry, Stage, StageContext, kit_argv
+from draftscope.pipeline.stages import serve
+from draftscope.pipeline.stages.bench import runner
 
 NAME = "bench"
 
@@ -67,4 +68,7 @@ STAGE = Stage(
     argv=argv,
     commands=commands,
     notes=lambda ctx: serve.notes(ctx),
+    entries=(Entry(NAME, "acceptance on SGLang instances", runner.add_arguments, runner.main),),
+    engine="sglang",
+    cpu_refusal=serve.NO_CPU,
 )

@@ -13,7 +13,7 @@ Every flag the draft depends on is written out, defaults included, so the argv a
 
 speculators writes `run.yaml` and `train_command.txt` (with versions) into the save path and each epoch folder, and
 resumes from the latest checkpoint on a rerun. For the `tiny` preset on a CPU (`--runtime local`), a kit-owned
-device shim (`draftscope.pipeline.cpu_train`) runs the same trainer in one process; the stage record says so.
+device shim (`cpu_train.py` beside this file) runs the same trainer in one process; the stage record says so.
 
 Command: `torchrun --standalone --nproc_per_node N -m speculators.train` (speculators 0.9.0's module entry point;
 `scripts/train.py` became a deprecation shim "to be removed in v0.9.0").
@@ -153,7 +153,7 @@ def trainer_args(ctx: StageContext) -> list[str]:
 
 def upstream_argv(ctx: StageContext) -> list[str]:
     if ctx.cpu:
-        return ["python", "-m", "draftscope.pipeline.cpu_train", *trainer_args(ctx)]
+        return ["python", "-m", "draftscope.pipeline.stages.train.cpu_train", *trainer_args(ctx)]
     return [
         "torchrun",
         "--standalone",

@@ -14,16 +14,20 @@ from __future__ import annotations
 from draftscope.pipeline.base import (
     Artifact,
     Command,
+    Entry,
     Stage,
     StageContext,
+    chat_file,
     chat_input,
     hybrid_vllm_flags,
     kit_argv,
     resolve_instances,
 )
+from draftscope.pipeline.stages.regen import client, tinyserve
 
 NAME = "regen"
 SERVED_NAME = "target"  # the model name the client asks the servers for
+TINYSERVE = "tinyserve"  # the CPU path's server: an entry of this stage, started by the client like vLLM
 
 
 def instances(ctx: StageContext):
@@ -48,7 +52,7 @@ def server_command(ctx: StageContext, inst) -> Command:
             "python",
             "-m",
             "draftscope.pipeline",
-            "tinyserve",
+            TINYSERVE,
             "--model",
             ctx.layout.model,
             "--tokenizer",
@@ -152,6 +156,13 @@ def notes(ctx: StageContext) -> list[str]:
     return out
 
 
+def check_inputs(ctx: StageContext) -> None:
+    """Every chat row is read once before anything is written: an id, messages, something to answer."""
+    path = chat_file(ctx)
+    if path is not None:
+        client.read_rows(path, ctx.config.data.max_rows)
+
+
 STAGE = Stage(
     name=NAME,
     image="vllm",
@@ -163,4 +174,16 @@ STAGE = Stage(
     argv=argv,
     commands=commands,
     notes=notes,
+    entries=(
+        Entry(NAME, "target servers + regen client", client.add_arguments, client.main),
+        Entry(
+            TINYSERVE,
+            "the tiny target behind an OpenAI-compatible chat endpoint (CPU)",
+            tinyserve.add_arguments,
+            tinyserve.main,
+            recorded=False,
+        ),
+    ),
+    engine="vllm",
+    check_inputs=check_inputs,
 )

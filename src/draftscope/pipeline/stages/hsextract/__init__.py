@@ -12,7 +12,7 @@ and `hidden_states [T, n_aux + 1, H]`, the auxiliary layers in order and the fin
 
 Output: `hidden_states/hs_<row>.safetensors` and `hsextract/summary.json` (schema `stage-hsextract`).
 
-Under Slurm (`slurm/shards.py`) the stage is a job array: task I of N runs this step on its contiguous block of rows
+Under Slurm (`execute/slurm/shards.py`) the stage is a job array: task I of N runs this step on its contiguous block of rows
 (real presets: the clients' `--world-size N*k --rank I*k+i`; tiny: the extractor's `--world-size N --rank I`),
 writing into the same `hidden_states/`; a check job then runs `check_argv` (`hsextract-check`) over the whole output.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 from draftscope.pipeline.base import (
     Artifact,
     Command,
+    Entry,
     Stage,
     StageContext,
     captured_layer_ids,
@@ -31,8 +32,12 @@ from draftscope.pipeline.base import (
     resolve_instances,
     speculators_layer_ids,
 )
+from draftscope.pipeline.stages.hsextract import runner, transformers_extractor
 
 NAME = "hsextract"
+# The stage's other in-container commands (entries): the CPU extractor, and the check after a Slurm job array.
+EXTRACT_TRANSFORMERS = "hsextract-transformers"
+CHECK = "hsextract-check"
 
 
 def instances(ctx: StageContext):
@@ -142,7 +147,7 @@ def argv(ctx: StageContext) -> list[str]:
     return kit_argv(
         ctx,
         NAME,
-        "hsextract-transformers",
+        EXTRACT_TRANSFORMERS,
         [
             "--model",
             ctx.layout.model,
@@ -170,7 +175,7 @@ def check_argv(ctx: StageContext) -> list[str]:
     ]
     if uses_vllm(ctx):
         args += ["--hidden-size", str(ctx.preset.architecture.hidden_size)]
-    return kit_argv(ctx, NAME, "hsextract-check", args)
+    return kit_argv(ctx, NAME, CHECK, args)
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:
@@ -213,4 +218,20 @@ STAGE = Stage(
     argv=argv,
     commands=commands,
     notes=notes,
+    entries=(
+        Entry(NAME, "vLLM hidden-state servers + clients", runner.add_arguments, runner.main),
+        Entry(
+            EXTRACT_TRANSFORMERS,
+            "hidden states with Transformers (tiny, CPU)",
+            transformers_extractor.add_arguments,
+            transformers_extractor.main,
+        ),
+        Entry(
+            CHECK,
+            "check a Slurm job array's hidden states, write the summary",
+            runner.add_check_arguments,
+            runner.check_main,
+        ),
+    ),
+    engine="vllm",
 )

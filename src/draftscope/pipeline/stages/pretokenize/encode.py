@@ -1,15 +1,9 @@
-"""pretokenize: chat rows → `{id, input_ids, loss_mask}` rows with the target's own chat template.
-
-speculators' `prepare-data` renders natural-language rows through a running vLLM server (a render endpoint); rows
-that already carry `input_ids` and `loss_mask` pass straight through (integration bug 2). This stage writes those
-rows, so `prepare` needs no server.
+"""pretokenize in the container: chat rows → `{id, input_ids, loss_mask}` lines and their statistics.
 
 The loss mask covers the final assistant reply: the tokens after the last `<|im_start|>` and its role line
 (`assistant\\n`), up to and including the reply's `<|im_end|>` — what the target generates, nothing of the prompt
 and not the template's trailing newline. The chat template's output is read by attribute (`.input_ids`):
 `BatchEncoding` stopped passing `isinstance(x, dict)` in a transformers upgrade (integration bug 3).
-
-Output: `pretokenize/rows.jsonl` and `pretokenize/stats.json` (schema `stage-pretokenize`).
 """
 
 from __future__ import annotations
@@ -23,92 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.pipeline.base import Artifact, Stage, StageContext, chat_input, kit_argv
 
-NAME = "pretokenize"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ASSISTANT = "assistant"
-
-
-# --- planning ------------------------------------------------------------------------------------------------
-
-
-def source(ctx: StageContext) -> str:
-    """Regenerated rows when regen runs in this invocation or has completed in the workdir, else data.chat."""
-    if "regen" in ctx.selected or ctx.host("stages", "regen.json").is_file():
-        return "regen"
-    return "chat"
-
-
-def input_path(ctx: StageContext) -> str:
-    if source(ctx) == "regen":
-        return ctx.layout.at("regen", "rows.jsonl")
-    return ctx.layout.chat
-
-
-def max_length(ctx: StageContext) -> int:
-    return ctx.config.pretokenize.max_length or ctx.preset.training.seq_length
-
-
-def argv(ctx: StageContext) -> list[str]:
-    opts = ctx.config.pretokenize
-    out = kit_argv(
-        ctx,
-        NAME,
-        "pretokenize",
-        [
-            "--input",
-            input_path(ctx),
-            "--tokenizer",
-            ctx.layout.tokenizer,
-            "--output",
-            ctx.layout.at("pretokenize", "rows.jsonl"),
-            "--stats",
-            ctx.layout.at("pretokenize", "stats.json"),
-            "--max-length",
-            str(max_length(ctx)),
-            "--overlong",
-            opts.overlong,
-            "--min-loss-tokens",
-            str(opts.min_loss_tokens),
-        ],
-    )
-    if ctx.config.data.max_rows and source(ctx) == "chat":
-        out += ["--max-rows", str(ctx.config.data.max_rows)]
-    return out
-
-
-def inputs(ctx: StageContext) -> list[Artifact]:
-    from draftscope.pipeline.base import tokenizer_artifacts
-
-    rows = Artifact("rows", ctx.host("regen", "rows.jsonl")) if source(ctx) == "regen" else chat_input(ctx)
-    return [rows, *tokenizer_artifacts(ctx)]
-
-
-def outputs(ctx: StageContext) -> list[Artifact]:
-    return [
-        Artifact("rows", ctx.host("pretokenize", "rows.jsonl")),
-        Artifact("stats", ctx.host("pretokenize", "stats.json"), schema="stage-pretokenize"),
-    ]
-
-
-STAGE = Stage(
-    name=NAME,
-    image="train",
-    summary="chat rows → input_ids + loss_mask with the target's chat template (no render endpoint)",
-    uses_gpu=False,
-    output_schema="stage-pretokenize",
-    outputs=outputs,
-    inputs=inputs,
-    argv=argv,
-    notes=lambda ctx: [
-        f"input: {source(ctx)} rows; max length {max_length(ctx)} ({ctx.config.pretokenize.overlong})"
-    ],
-)
-
-
-# --- the in-container work -----------------------------------------------------------------------------------
 
 
 @dataclass

@@ -8,7 +8,7 @@ applies the final norm to its last entry, so the values are taken with forward h
 
 Resumable like speculators' client: a row whose file exists is skipped; each file is written to a temporary name
 and renamed, so a killed run leaves only whole files. `--world-size N --rank I` (a task of a Slurm job array) takes
-only block I of N of the rows, split as speculators' client splits them (`hsextract_runner.block`).
+only block I of N of the rows, split as speculators' client splits them (`runner.block`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import MissingDependency, UserError
+from draftscope.pipeline.stages.hsextract.runner import block
 
 
 def file_for(output: Path, row: int) -> Path:
@@ -88,8 +89,6 @@ def prepared_rows(
 ) -> Iterator[tuple[int, list[int]]]:
     """(row index, input_ids) of a speculators prepare-data folder (a `datasets.save_to_disk` dataset); with
     `world_size` and `rank`, only that rank's block."""
-    from draftscope.pipeline.hsextract_runner import block
-
     try:
         from datasets import load_from_disk
     except ImportError as exc:
@@ -101,6 +100,17 @@ def prepared_rows(
         return
     for index in block(len(dataset), world_size, rank or 0):
         yield index, [int(t) for t in dataset[index]["input_ids"]]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--summary", required=True)
+    p.add_argument("--layer-ids", type=int, nargs="+", required=True)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--world-size", type=int, default=None, help="with --rank: only that block of the rows")
+    p.add_argument("--rank", type=int, default=None)
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:

@@ -17,15 +17,19 @@ from __future__ import annotations
 from draftscope.pipeline.base import (
     Artifact,
     Command,
+    Entry,
     Stage,
     StageContext,
     kit_argv,
     model_artifacts,
     resolve_instances,
 )
-from draftscope.pipeline.convert import dspark_gamma
+from draftscope.pipeline.stages.convert.checkpoint import dspark_gamma
+from draftscope.pipeline.stages.serve import runner
 
 NAME = "serve"
+# SGLang has no CPU build; the stage's client side is tested on a CPU against a loopback fake.
+NO_CPU = "needs SGLang on an NVIDIA GPU; there is no CPU path (its client is tested on a CPU)"
 
 
 def instances(ctx: StageContext):
@@ -139,4 +143,7 @@ STAGE = Stage(
     argv=argv,
     commands=commands,
     notes=notes,
+    entries=(Entry(NAME, "SGLang instances", runner.add_arguments, runner.main),),
+    engine="sglang",
+    cpu_refusal=NO_CPU,
 )

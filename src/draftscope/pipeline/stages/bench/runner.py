@@ -1,17 +1,5 @@
-"""The in-container runners of the `serve` and `bench` stages: SGLang instances, a smoke request, the benchmark.
-
-Both start the instances of the stage's commands file (`servers.serving`: own GPUs, logs in `logs/`, `/health`,
-always stopped), talk to them over loopback HTTP and write a schema-checked JSON file.
-
-Endpoint. Requests go to SGLang's OpenAI-compatible `POST /v1/chat/completions` with `"return_meta_info": true`:
-the server applies the target's chat template (no tokenizer in the client) and returns the scheduler's per-request
-`meta_info` at `choices[0].meta_info`. Read in the pinned SGLang 0.5.23 wheel: `ChatCompletionRequest.
-return_meta_info` and `ChatCompletionResponseChoice.meta_info` (`sglang/srt/entrypoints/openai/protocol.py`),
-`choice_meta_info = ret_item["meta_info"] if request.return_meta_info` (`…/openai/serving_chat.py`), and the
-fields of that dict, written by `TokenizerManager._calculate_spec_decoding_metrics`
-(`sglang/srt/managers/tokenizer_manager.py`) when the request had at least one verify step:
-`spec_verify_ct`, `spec_accept_length = completion_tokens / spec_verify_ct`, `spec_num_correct_drafts`,
-`spec_num_proposed_drafts = spec_verify_ct × (speculative_num_draft_tokens − 1)`, `spec_accept_rate`.
+"""bench in the container: every prompt × repeats, greedy, round-robin over the SGLang instances; acceptance
+per instance and overall, written to `bench/bench.json` (schema `stage-bench`).
 
 Acceptance length (per instance and overall) is the exact run mean, Σ completion_tokens / Σ spec_verify_ct over
 the requests that report a verify count — SGLang's own per-request formula applied to the whole run, so long and
@@ -41,8 +29,6 @@ prometheus_client's text parser, every `sglang:*` sample as `{"name{labels}": va
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -52,55 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.pipeline import servers
+from draftscope.pipeline import servers, sglang
 from draftscope.pipeline.base import Command
 
-SCHEMA_VERSION = 1
-ALGORITHMS = ("DFLASH", "DSPARK")
-DRAFTS = ("dflash", "dflash2", "dspark")
-CHAT_PATH = "/v1/chat/completions"
-HEALTH_PATH = "/health"
-REQUEST_TIMEOUT_S = 600.0  # one greedy completion of max_new_tokens on a large target under load
-RETRY_DELAYS_S = (1.0, 2.0, 4.0)  # three retries, backing off
-SMOKE_PROMPT = "Count from one to twenty, separated by commas."
-SMOKE_MAX_TOKENS = 32
-DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 
-
-# --- arguments ----------------------------------------------------------------------------------------------------
-
-
-def _common_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--commands", required=True, help="the stage's commands file (stages/<stage>.commands.json)"
-    )
-    p.add_argument(
-        "--algorithm",
-        choices=ALGORITHMS,
-        default=None,
-        help="SGLang's --speculative-algorithm (default: read from the server argv)",
-    )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=DEFAULT_STARTUP_TIMEOUT_S,
-        help="seconds each instance has to answer /health",
-    )
-    p.add_argument("--logs", default=None, help="server logs (default: <dir of --commands>/../logs)")
-
-
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
-    p.add_argument("--plan", required=True, help="where to write serve/plan.json (schema stage-serve)")
-    p.add_argument("--draft-path", default=None, help="the draft folder (default: read from the server argv)")
-    p.add_argument("--hold", action="store_true", help="keep serving until SIGINT/SIGTERM")
-
-
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    _common_arguments(p)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sglang.common_arguments(p)
     p.add_argument("--prompts", required=True, help="the prompt file (schema prompts)")
     p.add_argument("--output", required=True, help="where to write bench/bench.json (schema stage-bench)")
-    p.add_argument("--draft", choices=DRAFTS, required=True)
+    p.add_argument("--draft", choices=sglang.DRAFTS, required=True)
     p.add_argument(
         "--draft-tokens",
         type=int,
@@ -112,92 +58,6 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight per instance")
 
 
-# --- serve --------------------------------------------------------------------------------------------------------
-
-
-def serve_main(args: argparse.Namespace) -> dict[str, Any]:
-    """Start the instances, send each one short greedy request, write the plan, stop them (or hold)."""
-    commands = _server_commands(args.commands)
-    algorithm = _algorithm(args.algorithm, commands)
-    draft_path = args.draft_path or _argv_value(commands[0].argv, "--speculative-draft-model-path") or ""
-    plan_path = Path(args.plan)
-    speculating = 0
-    with servers.serving(
-        commands,
-        logs=_logs_dir(args),
-        stage="serve",
-        startup_timeout=args.startup_timeout,
-        health_path=HEALTH_PATH,
-    ) as group:
-        for index, run in enumerate(group.running):
-            meta = _smoke(group, index)
-            speculating += 1
-            print(
-                f"serve: {run.command.name} speculates: {meta.get('spec_verify_ct')} verify step(s) for "
-                f"{meta.get('completion_tokens')} token(s), accept length {meta.get('spec_accept_length')}"
-            )
-        plan = {
-            "schema_version": SCHEMA_VERSION,
-            "algorithm": algorithm,
-            "draft_path": draft_path,
-            "instances": [_plan_instance(i, run.command) for i, run in enumerate(group.running)],
-        }
-        _write_checked(plan_path, plan, "stage-serve")
-        print(f"serve: {len(plan['instances'])} instance(s) healthy; plan in {plan_path}")
-        if args.hold:
-            _hold(group)
-        instances = len(group.running)
-    return {"instances": instances, "healthy": instances, "speculating": speculating}
-
-
-def _plan_instance(index: int, command: Command) -> dict[str, Any]:
-    return {
-        "index": index,
-        "gpus": list(command.gpus),
-        "tp": len(command.gpus) or 1,
-        "port": command.port,
-        "url": servers.url_of(command),
-        "command": command.to_dict(),
-        "healthy": True,
-    }
-
-
-def _smoke(group: servers.ServerGroup, index: int) -> dict[str, Any]:
-    """One short greedy request; the answer must show verify steps (the draft loaded and speculates)."""
-    run = group.running[index]
-    body = _chat_body([{"role": "user", "content": SMOKE_PROMPT}], SMOKE_MAX_TOKENS)
-    reply = _post_with_retries(group, index, body, what="the smoke request")
-    meta = _meta_info(reply, what=f"{run.command.name}'s smoke reply")
-    if not meta.get("spec_verify_ct"):
-        raise UserError(
-            f"{run.command.name} answered but reported no speculative verify step (no spec_verify_ct in "
-            "meta_info): the server is not speculating",
-            field=f"serve.instances[{index}]",
-            fix=f"check --speculative-algorithm and the draft path in its command; read {run.log}",
-        )
-    if meta.get("spec_num_correct_drafts") == 0:
-        print(
-            f"serve: warning: {run.command.name} accepted no drafted token in the smoke request "
-            f"(accept length {meta.get('spec_accept_length')}); a draft converted with the wrong anchor "
-            "convention (sample_from_anchor) loads cleanly and behaves like this"
-        )
-    return meta
-
-
-def _hold(group: servers.ServerGroup) -> None:
-    """Serve until SIGINT/SIGTERM (ServerGroup turns SIGTERM into KeyboardInterrupt); a dead server fails."""
-    print("serve: holding; stop with Ctrl-C or SIGTERM")
-    try:
-        while True:
-            group.check_alive()
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        print("serve: interrupted; stopping the instances")
-
-
-# --- bench --------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class _Job:
     seq: int
@@ -207,15 +67,15 @@ class _Job:
     messages: tuple[dict[str, str], ...]
 
 
-def bench_main(args: argparse.Namespace) -> dict[str, Any]:
+def main(args: argparse.Namespace) -> dict[str, Any]:
     """Every prompt × repeats, greedy, round-robin over the instances; acceptance per instance and overall."""
     for name in ("max_new_tokens", "repeats", "concurrency"):
         if getattr(args, name) < 1:
             raise UserError(
                 "must be at least 1", field=f"--{name.replace('_', '-')}", value=getattr(args, name)
             )
-    commands = _server_commands(args.commands)
-    algorithm = _algorithm(args.algorithm, commands)
+    commands = sglang.server_commands(args.commands)
+    algorithm = sglang.speculative_algorithm(args.algorithm, commands)
     drafted = _drafted_per_step(algorithm, args.draft_tokens, commands)
     prompts = _load_prompts(args.prompts)
     jobs = [
@@ -232,10 +92,10 @@ def bench_main(args: argparse.Namespace) -> dict[str, Any]:
     with (
         servers.serving(
             commands,
-            logs=_logs_dir(args),
+            logs=sglang.logs_dir(args),
             stage="bench",
             startup_timeout=args.startup_timeout,
-            health_path=HEALTH_PATH,
+            health_path=sglang.HEALTH_PATH,
         ) as group,
         JsonlAppender(rows_path) as sink,
     ):
@@ -263,7 +123,7 @@ def bench_main(args: argparse.Namespace) -> dict[str, Any]:
         )
     mean = _mean_accept_length(rows)
     result: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": sglang.SCHEMA_VERSION,
         "draft": args.draft,
         "algorithm": algorithm,
         "requests": len(rows),
@@ -286,9 +146,9 @@ def bench_main(args: argparse.Namespace) -> dict[str, Any]:
     }
     if drafted is not None:
         result["draft_tokens_per_step"] = drafted
-    _write_checked(output, result, "stage-bench")
+    sglang.write_checked(output, result, "stage-bench")
     print(
-        f"bench: mean accept length {_fmt(mean)}, accept rate {_fmt(result['accept_rate'])} "
+        f"bench: mean accept length {sglang.fmt(mean)}, accept rate {sglang.fmt(result['accept_rate'])} "
         f"over {len(rows)} request(s); results in {output}"
     )
     counts: dict[str, Any] = {"requests": len(rows), "instances": len(instances)}
@@ -328,14 +188,14 @@ def _run_jobs(
 
 def _one_request(group: servers.ServerGroup, job: _Job, max_new_tokens: int) -> dict[str, Any]:
     started = time.monotonic()
-    reply = _post_with_retries(
+    reply = sglang.post_with_retries(
         group,
         job.instance,
-        _chat_body(list(job.messages), max_new_tokens),
+        sglang.chat_body(list(job.messages), max_new_tokens),
         what=f"prompt '{job.prompt_id}' (repeat {job.repeat})",
     )
     name = group.running[job.instance].command.name
-    meta = _meta_info(reply, what=f"{name}'s reply to prompt '{job.prompt_id}'")
+    meta = sglang.meta_info(reply, what=f"{name}'s reply to prompt '{job.prompt_id}'")
     completion = meta.get("completion_tokens")
     if completion is None:
         completion = (reply.get("usage") or {}).get("completion_tokens")
@@ -394,9 +254,9 @@ def _drafted_per_step(algorithm: str, draft_tokens: int | None, commands: Sequen
         flag = (
             "--speculative-dspark-block-size" if algorithm == "DSPARK" else "--speculative-num-draft-tokens"
         )
-        value = _argv_value(commands[0].argv, flag)
+        value = sglang.argv_value(commands[0].argv, flag)
         if value is None and algorithm == "DFLASH":
-            value = _argv_value(commands[0].argv, "--speculative-dflash-block-size")
+            value = sglang.argv_value(commands[0].argv, "--speculative-dflash-block-size")
         draft_tokens = int(value) if value is not None and value.isdigit() else None
     if draft_tokens is None:
         return None
@@ -465,127 +325,3 @@ def _load_prompts(path: str) -> list[dict[str, Any]]:
             fix="give every prompt a unique id",
         )
     return data["prompts"]
-
-
-# --- HTTP to SGLang -----------------------------------------------------------------------------------------------
-
-
-def _chat_body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-    """A greedy, non-streaming chat completion asking for SGLang's meta_info (return_meta_info needs stream off)."""
-    return {
-        "model": "default",  # SGLang's DEFAULT_MODEL_NAME: the served model, whatever its path
-        "messages": messages,
-        "temperature": 0.0,
-        "max_completion_tokens": max_tokens,
-        "stream": False,
-        "return_meta_info": True,
-    }
-
-
-def _post_with_retries(group: servers.ServerGroup, index: int, body: dict[str, Any], *, what: str) -> dict:
-    """POST a chat completion; retry what `servers.retryable` allows (408/409/425/429, 5xx, no answer) three times with backoff; a one-line
-    UserError naming `what` and the instance when it still fails."""
-    run = group.running[index]
-    url = run.url + CHAT_PATH
-    reason = ""
-    for attempt in range(len(RETRY_DELAYS_S) + 1):
-        if attempt:
-            time.sleep(RETRY_DELAYS_S[attempt - 1])
-        try:
-            status, raw = servers.request("POST", url, body, timeout=REQUEST_TIMEOUT_S)
-        except (servers.HttpError, http.client.HTTPException) as exc:
-            status, reason = None, str(exc) or type(exc).__name__
-        else:
-            if status == 200:
-                try:
-                    reply = json.loads(raw)
-                except ValueError:
-                    reason = "HTTP 200 with a body that is not JSON"
-                    break
-                if isinstance(reply, dict):
-                    return reply
-                reason = "HTTP 200 with a JSON body that is not an object"
-                break
-            reason = f"HTTP {status}: {raw.decode('utf-8', 'replace')[:200]}"
-        if not servers.retryable(status):
-            break
-    code = run.process.poll()
-    died = f"; {run.command.name} exited with code {code}" if code is not None else ""
-    attempts = f" after {attempt + 1} attempt(s)" if attempt else ""
-    raise UserError(
-        f"{what} failed on instance {index} ({run.command.name}, {run.url}){attempts}: {reason}{died}",
-        field=f"{group.stage}.instances[{index}]",
-        fix=f"read {run.log}",
-    )
-
-
-def _meta_info(reply: dict[str, Any], *, what: str) -> dict[str, Any]:
-    choices = reply.get("choices")
-    meta = (
-        choices[0].get("meta_info")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict)
-        else None
-    )
-    if not isinstance(meta, dict):
-        raise UserError(
-            f"{what} has no choices[0].meta_info",
-            fix="serve with SGLang 0.5.23 or later (return_meta_info in the OpenAI chat endpoint)",
-        )
-    return meta
-
-
-# --- shared -------------------------------------------------------------------------------------------------------
-
-
-def _server_commands(path: str) -> list[Command]:
-    commands = servers.servers_of(servers.load_commands(path))
-    if not commands:
-        raise UserError("the commands file lists no server (no command with a port)", source=str(path))
-    return commands
-
-
-def _algorithm(given: str | None, commands: Sequence[Command]) -> str:
-    found = given or _argv_value(commands[0].argv, "--speculative-algorithm")
-    if found not in ALGORITHMS:
-        raise UserError(
-            "no speculative algorithm",
-            field="--algorithm",
-            value=found,
-            fix=f"pass --algorithm {'|'.join(ALGORITHMS)}",
-        )
-    return found
-
-
-def _argv_value(argv: Sequence[str], flag: str) -> str | None:
-    for i, item in enumerate(argv):
-        if item == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if item.startswith(flag + "="):
-            return item.split("=", 1)[1]
-    return None
-
-
-def _logs_dir(args: argparse.Namespace) -> Path:
-    if args.logs:
-        return Path(args.logs)
-    return Path(args.commands).resolve().parent.parent / "logs"
-
-
-def _write_checked(path: Path, obj: dict[str, Any], schema: str) -> None:
-    """Validate, then write atomically: an invalid file is never written."""
-    from draftscope.core.jsonio import atomic_write_json
-    from draftscope.core.schema import problems
-
-    found = problems(obj, schema)
-    if found:
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise UserError(
-            f"the result does not validate against {schema}: {found[0].render(str(path))}{more}",
-            source=str(path),
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, obj)
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"

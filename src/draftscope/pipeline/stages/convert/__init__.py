@@ -1,0 +1,107 @@
+"""convert: a speculators checkpoint → the draft folder SGLang serves, every contract applied and checked.
+
+The stage picks the configured epoch of `checkpoints/` and passes the preset's and config's values the checkpoint
+must agree with (`expected_args`); the contracts themselves, the conversion and the re-read of the output are
+`checkpoint.py`. Output: `draft/config.json`, `draft/model.safetensors` and `draft/draftscope-convert.json`
+(schema `stage-convert`).
+"""
+
+from __future__ import annotations
+
+from draftscope.pipeline.base import Artifact, Entry, Stage, StageContext, kit_argv, model_artifacts
+from draftscope.pipeline.stages.convert import checkpoint
+
+NAME = "convert"
+
+
+def expected_args(ctx: StageContext) -> list[str]:
+    """The preset's and config's values the checkpoint is checked against."""
+    preset, config = ctx.preset, ctx.config
+    args = [
+        "--draft",
+        config.draft,
+        "--target-layer-ids",
+        *map(str, preset.dflash.target_layer_ids),
+        "--num-target-layers",
+        str(preset.architecture.num_layers),
+        "--num-draft-layers",
+        str(preset.dflash.num_draft_layers),
+        "--block-size",
+        str(preset.dflash.block_size),
+        "--vocab-size",
+        str(preset.architecture.vocab_size),
+    ]
+    if preset.dflash.mask_token_id is not None:
+        args += ["--mask-token-id", str(preset.dflash.mask_token_id)]
+    if preset.architecture.hidden_size is not None:
+        args += ["--hidden-size", str(preset.architecture.hidden_size)]
+    if config.draft == "dflash2":
+        d2 = config.train.dflash2
+        args += [
+            "--conv-kernel-size",
+            str(d2.conv_kernel_size),
+            "--conv-group-size",
+            str(d2.conv_group_size),
+            "--selector-rank",
+            str(d2.selector_rank),
+            "--selector-top-k",
+            str(d2.selector_top_k),
+        ]
+    if config.draft == "dspark":
+        ds = config.train.dspark
+        args += [
+            "--markov-rank",
+            str(ds.markov_rank),
+            "--markov-head-type",
+            ds.markov_head_type,
+            "--enable-confidence-head" if ds.enable_confidence_head else "--no-enable-confidence-head",
+            "--confidence-head-with-markov"
+            if ds.confidence_head_with_markov
+            else "--no-confidence-head-with-markov",
+            "--sample-from-anchor" if ds.sample_from_anchor else "--no-sample-from-anchor",
+        ]
+    return args
+
+
+def argv(ctx: StageContext) -> list[str]:
+    return kit_argv(
+        ctx,
+        NAME,
+        "convert",
+        [
+            "--checkpoints",
+            ctx.layout.at("checkpoints"),
+            "--epoch",
+            str(ctx.config.convert.checkpoint),
+            "--output",
+            ctx.layout.at("draft"),
+            *expected_args(ctx),
+        ],
+    )
+
+
+def inputs(ctx: StageContext) -> list[Artifact]:
+    return [Artifact("checkpoints", ctx.host("checkpoints"), kind="tree"), *model_artifacts(ctx)]
+
+
+def outputs(ctx: StageContext) -> list[Artifact]:
+    return [
+        Artifact("config", ctx.host("draft", "config.json")),
+        Artifact("weights", ctx.host("draft", checkpoint.WEIGHTS)),
+        Artifact("report", ctx.host("draft", checkpoint.REPORT), schema="stage-convert"),
+    ]
+
+
+STAGE = Stage(
+    name=NAME,
+    image="train",
+    summary="speculators checkpoint → SGLang draft folder, every contract checked, output re-read",
+    uses_gpu=False,
+    output_schema="stage-convert",
+    outputs=outputs,
+    inputs=inputs,
+    argv=argv,
+    entries=(
+        Entry(NAME, "speculators checkpoint → SGLang draft", checkpoint.add_arguments, checkpoint.main),
+    ),
+)
