@@ -232,7 +232,7 @@ def benchmark(
     if dry_run:
         target = Path(output or f"runs/{config.name}-<timestamp>")
         if executor == "slurm":
-            from draftscope.execute.slurm import benchmark as slurm_benchmark
+            from draftscope.bench import slurm as slurm_benchmark
 
             job = slurm_benchmark.build(config, target, flags=slurm, python=sys.executable)
             print("\n".join(slurm_benchmark.dry_run_lines(job)))
@@ -243,7 +243,7 @@ def benchmark(
     if output is None:
         raise UserError("no run directory given", field="--output", fix="add --output runs/NAME (a new path)")
     if executor == "slurm":
-        from draftscope.execute.slurm import benchmark as slurm_benchmark
+        from draftscope.bench import slurm as slurm_benchmark
 
         status, reason = slurm_benchmark.run(config, Path(output), flags=slurm, argv=sys.argv)
     else:
