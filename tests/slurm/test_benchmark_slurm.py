@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from draftscope.bench.slurm import TEST_TIME_ENV
 from draftscope.core.jsonio import read_json
 from draftscope.core.rundir import slurm_folder_of
-from draftscope.execute.slurm.benchmark import TEST_TIME_ENV
 
 from support import ROOT, processes_naming, tiny_benchmark
 

@@ -374,10 +374,12 @@ def test_a_job_past_its_time_limit_marks_the_stage_timed_out(cluster, tmp_path):
 def test_every_option_the_kit_writes_exists_in_this_slurm(cluster):
     """sbatch parses a script's #SBATCH lines before it asks slurmctld anything: an unknown option is refused on
     its own ("unrecognized option"), whatever the cluster then thinks of the resources (no GPU here)."""
-    from draftscope.execute.slurm import client, jobs
+    from draftscope.execute.slurm import client
+    from draftscope.execute.slurm.script import render
     from draftscope.pipeline import plan as planning
     from draftscope.pipeline import registry
     from draftscope.pipeline.config import load_pipeline_config
+    from draftscope.pipeline.slurm import jobs
     from draftscope.runtime import get_runtime
 
     def unrecognized(script: str) -> str:
@@ -394,7 +396,7 @@ def test_every_option_the_kit_writes_exists_in_this_slurm(cluster):
     )
     plan = planning.build(resolved, registry.select("all"), Path("/tmp/w"), "docker")
     jp = jobs.build(plan, get_runtime("docker"), python=sys.executable, fetch=True)
-    scripts = [jobs.render(jp, j) for j in jp.jobs]
+    scripts = [render(jp, j) for j in jp.jobs]
     used = set(re.findall(r"^#SBATCH (--[a-z-]+)", "\n".join(scripts), re.M))
     assert {
         "--array",

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from draftscope.bench import slurm as benchmark
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json
 from draftscope.core.presets import load_experiment
-from draftscope.execute.slurm import benchmark, node, states
+from draftscope.execute.slurm import node, states
 from draftscope.execute.slurm.options import check_names, executor_flags
 from draftscope.runtime import Outcome
 

@@ -13,10 +13,11 @@ import pytest
 
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
-from draftscope.execute.slurm import jobs, shards
+from draftscope.execute.slurm.script import render
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
+from draftscope.pipeline.slurm import jobs, shards
 from draftscope.pipeline.stages import hsextract
 from draftscope.pipeline.stages.hsextract.runner import block, client_rows
 from draftscope.runtime import Outcome, get_runtime
@@ -165,7 +166,7 @@ def test_a_task_of_the_tiny_preset_runs_the_extractor_on_its_block(tmp_path):
 
 def test_the_array_and_its_check_job():
     _, jp = build(slurm={"nodes": 2, "partition": "gpu"})
-    array, check = jobs.render(jp, jp.job("hsextract")), jobs.render(jp, jp.job("hsextract.check"))
+    array, check = render(jp, jp.job("hsextract")), render(jp, jp.job("hsextract.check"))
     assert "#SBATCH --array=0-1" in array and "#SBATCH --gres=gpu:8" in array
     assert 'args=(--plan /tmp/w/slurm/plan.json --stage hsextract --shard "$SLURM_ARRAY_TASK_ID")' in array
     assert "--world-size 2*2 --rank I*2+i" in array and "ports + I*2" in array
@@ -176,7 +177,7 @@ def test_the_array_and_its_check_job():
     shown = next(line for line in check.splitlines() if "hsextract-check" in line)
     assert "--gpus" not in shown and "--extractor vllm --hidden-size 5120" in shown
     assert "/draftscope/run/hsextract/summary.json" in shown
-    from draftscope.execute.slurm import planfile
+    from draftscope.pipeline.slurm import planfile
 
     doc = planfile.document(jp, force=False)
     assert doc["stages"]["hsextract"]["kind"] == "shards" and doc["stages"]["hsextract"]["shards"] == 2
@@ -184,7 +185,7 @@ def test_the_array_and_its_check_job():
 
 
 def test_the_node_commands_parse():
-    from draftscope.execute.slurm.__main__ import parser
+    from draftscope.pipeline.slurm.__main__ import parser
 
     args = parser().parse_args(["check", "--plan", "p", "--stage", "hsextract"])
     assert args.command == "check"
@@ -330,14 +331,14 @@ def test_hsextract_check_names_the_missing_rows(tmp_path, monkeypatch):
 
 def test_a_task_of_a_complete_stage_starts_nothing(tmp_path, monkeypatch):
     """A resubmission for an earlier stage submits hsextract again; its tasks skip as the check job will."""
-    from draftscope.execute.slurm import node, planfile
+    from draftscope.pipeline.slurm import node, planfile
 
     slurm = {"stages": {"hsextract": {"shards": 2}}}
     plan, jp = build(
         preset="tiny", runtime="local", stage="hsextract", slurm=slurm, workdir=str(tmp_path / "w")
     )
     path = planfile.write(jp, force=False)
-    monkeypatch.setattr(node, "skip_reason", lambda *a: "completed earlier with the same inputs and command")
+    monkeypatch.setattr(jobs, "skip_reason", lambda *a: "completed earlier with the same inputs and command")
     monkeypatch.setattr(shards, "shard_commands", lambda *a: pytest.fail("the task must start nothing"))
     said = []
     assert node.run_step(path, "hsextract", shard=1, say=said.append) == 0

@@ -1,4 +1,4 @@
-"""The Slurm executor's plan, without a cluster: job scripts (#SBATCH lines, the trap, srun + torchrun), the
+"""The pipeline's Slurm jobs, without a cluster: job scripts (#SBATCH lines, the trap, srun + torchrun), the
 dependency chain, the regen job array, resources from the Steps, the config rules, the plan file, and the dry run
 of `--stage all --executor slurm` (issue #10, acceptance 1: prints everything, creates nothing, imports no torch,
 fast)."""
@@ -18,10 +18,12 @@ import pytest
 
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
-from draftscope.execute.slurm import jobs, planfile, shards
+from draftscope.execute.plan import minutes
+from draftscope.execute.slurm.script import dependency, render, slurm_time
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
+from draftscope.pipeline.slurm import jobs, planfile, shards
 from draftscope.runtime import ContainerRuntime, Context, get_runtime
 
 from support import sbatch_lines
@@ -66,24 +68,24 @@ def test_one_job_per_stage_in_order_with_arrays_for_regen_and_hsextract():
     keys = [j.key for j in jp.jobs]
     for before, after in [*itertools.pairwise(keys[2:5]), *itertools.pairwise(keys[6:])]:
         assert deps[after] == ((before,), ())
-    assert jobs.dependency(jp.job("regen.merge"), {"regen": "41"}) == "afterany:41"
-    assert jobs.dependency(jp.job("hsextract.check"), {"hsextract": "44"}) == "afterany:44"
-    assert jobs.dependency(jp.job("train"), {"hsextract.check": "45"}) == "afterok:45"
-    assert jp.job("hsextract").shards == 2 and jp.job("hsextract").array == "0-1"
+    assert dependency(jp.job("regen.merge"), {"regen": "41"}) == "afterany:41"
+    assert dependency(jp.job("hsextract.check"), {"hsextract": "44"}) == "afterany:44"
+    assert dependency(jp.job("train"), {"hsextract.check": "45"}) == "afterok:45"
+    assert jp.job("hsextract").array_size == 2 and jp.job("hsextract").array == "0-1"
 
 
 def test_gpu_steps_take_whole_nodes_and_cpu_steps_one_cpu():
     jp = build(slurm={"nodes": 2, "partition": "gpu", "account": "proj", "qos": "high"})
-    regen = sbatch_lines(jobs.render(jp, jp.job("regen")))
+    regen = sbatch_lines(render(jp, jp.job("regen")))
     assert regen["gres"] == "gpu:8" and "exclusive" in regen and regen["mem"] == "0"
     assert regen["array"] == "0-1" and regen["nodes"] == "1"
     assert regen["output"] == "/tmp/w/logs/slurm-regen-%A_%a.out"
     assert (regen["partition"], regen["account"], regen["qos"]) == ("gpu", "proj", "high")
     assert "time" not in regen  # no limit configured: the partition's default
-    pre = sbatch_lines(jobs.render(jp, jp.job("pretokenize")))
+    pre = sbatch_lines(render(jp, jp.job("pretokenize")))
     assert pre["cpus-per-task"] == "1" and "gres" not in pre and "exclusive" not in pre and "mem" not in pre
     assert pre["output"] == "/tmp/w/logs/slurm-pretokenize-%j.out" and pre["job-name"] == "ds-w-pretokenize"
-    merge = sbatch_lines(jobs.render(jp, jp.job("regen.merge")))
+    merge = sbatch_lines(render(jp, jp.job("regen.merge")))
     assert "gres" not in merge and merge["time"] == "0-00:30:00" and merge["partition"] == "gpu"
 
 
@@ -100,27 +102,27 @@ def test_time_limits_and_per_stage_overrides():
         ],
         slurm={"partition": "gpu"},
     )
-    hs = sbatch_lines(jobs.render(jp, jp.job("hsextract")))
+    hs = sbatch_lines(render(jp, jp.job("hsextract")))
     assert hs["time"] == "0-01:01:00"  # the stage's own limit + a minute: the runtime stops it first
-    train = sbatch_lines(jobs.render(jp, jp.job("train")))
+    train = sbatch_lines(render(jp, jp.job("train")))
     assert (train["time"], train["partition"], train["nodes"]) == ("1-00:00:00", "long", "4")
-    prepare = sbatch_lines(jobs.render(jp, jp.job("prepare")))
+    prepare = sbatch_lines(render(jp, jp.job("prepare")))
     assert (prepare["mem"], prepare["cpus-per-task"], prepare["partition"]) == ("64G", "16", "gpu")
-    assert sbatch_lines(jobs.render(jp, jp.job("regen")))["array"] == "0-2"
+    assert sbatch_lines(render(jp, jp.job("regen")))["array"] == "0-2"
 
 
 @pytest.mark.parametrize(("minutes", "text"), [(1, "0-00:01:00"), (61, "0-01:01:00"), (1441, "1-00:01:00")])
 def test_slurm_time(minutes, text):
-    assert jobs.slurm_time(minutes) == text
+    assert slurm_time(minutes) == text
 
 
 def test_minutes_round_up():
-    assert [jobs.minutes(s) for s in (1, 60, 61, 3600.5)] == [1, 1, 2, 61]
+    assert [minutes(s) for s in (1, 60, 61, 3600.5)] == [1, 1, 2, 61]
 
 
 def test_training_across_nodes_is_srun_and_torchrun_with_a_rendezvous():
     jp = build(slurm={"nodes": 2})
-    script = jobs.render(jp, jp.job("train"))
+    script = render(jp, jp.job("train"))
     lines = sbatch_lines(script)
     assert lines["nodes"] == "2" and lines["ntasks-per-node"] == "1" and lines["gres"] == "gpu:8"
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in script
@@ -200,17 +202,17 @@ def test_the_cpu_path_trains_on_one_node_only():
 
 def test_job_scripts_trap_sigterm_and_remove_the_container():
     jp = build(slurm={"nodes": 2})
-    script = jobs.render(jp, jp.job("regen"))
+    script = render(jp, jp.job("regen"))
     assert script.startswith("#!/bin/bash\n")
-    assert f"kit=({PYTHON} -m draftscope.execute.slurm)" in script
+    assert f"kit=({PYTHON} -m draftscope.pipeline.slurm)" in script
     assert 'args=(--plan /tmp/w/slurm/plan.json --stage regen --shard "$SLURM_ARRAY_TASK_ID")' in script
     assert '"${kit[@]}" cleanup "${args[@]}"' in script and "trap on_term TERM" in script
     assert script.index("trap on_term TERM") < script.index(
         '"${kit[@]}" run-step'
     )  # no window without the trap
     local = build("tiny", stage="regen,pretokenize", runtime="local", slurm={"nodes": 2})
-    assert "cleanup" not in jobs.render(local, local.job("pretokenize"))  # no container to remove
-    assert '"${kit[@]}" merge "${args[@]}" &' in jobs.render(jp, jp.job("regen.merge"))
+    assert "cleanup" not in render(local, local.job("pretokenize"))  # no container to remove
+    assert '"${kit[@]}" merge "${args[@]}" &' in render(jp, jp.job("regen.merge"))
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -218,7 +220,7 @@ def test_every_script_and_the_submission_lines_are_valid_bash(tmp_path):
     jp = build(slurm={"nodes": 2, "partition": "gpu"}, workdir=str(tmp_path / "my run"))
     for job in jp.jobs:
         path = tmp_path / f"{job.key}.sbatch"
-        path.write_text(jobs.render(jp, job))
+        path.write_text(render(jp, job))
         checked = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
     lines = jobs.dry_run_lines(jp)
@@ -385,12 +387,12 @@ def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_i
 
 
 def test_dry_run_in_process_is_well_under_a_second():
-    from draftscope.execute.slurm import executor
+    from draftscope.pipeline.slurm import submit
 
     resolved = load_pipeline_config(preset="qwen38-27b", overrides={"slurm": {"nodes": 4}})
     started = time.monotonic()
     plan = planning.build(resolved, registry.select("all"), Path("/tmp/w"), "docker")
-    lines = executor.dry_run_lines(plan, get_runtime("docker"))
+    lines = submit.dry_run_lines(plan, get_runtime("docker"))
     assert time.monotonic() - started < 0.5 and len(lines) > 100
 
 

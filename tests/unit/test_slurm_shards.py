@@ -12,10 +12,11 @@ import pytest
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
 from draftscope.core.schema import problems
-from draftscope.execute.slurm import shards
+from draftscope.execute.slurm import states
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import load_pipeline_config
+from draftscope.pipeline.slurm import shards
 from draftscope.pipeline.stages.regen.client import Row, shard_rows
 
 ROWS = 7
@@ -167,7 +168,7 @@ def test_a_shard_killed_before_it_recorded_fails_the_stage(run, monkeypatch):
 def test_a_shard_killed_after_it_started_is_explained_by_slurms_record_of_its_task(run, monkeypatch):
     """Slurm's SIGKILL (KillWait after its SIGTERM) can beat the task's own record: the `running` record it wrote
     before its step started names the array, and the merge job asks Slurm how each such task ended."""
-    from draftscope.execute.slurm import client, states
+    from draftscope.execute.slurm import client
 
     write_shard(run, 0, 2, status="running")
     write_shard(run, 1, 2, outcome=False)  # cancelled while still pending: no record at all
@@ -194,17 +195,17 @@ def test_a_shard_killed_after_it_started_is_explained_by_slurms_record_of_its_ta
 
 
 def test_task_indices_read_every_form_of_array_task_id():
-    assert shards.task_indices("3") == [3]
-    assert shards.task_indices("0-3") == [0, 1, 2, 3]
-    assert shards.task_indices("0,2-3") == [0, 2, 3]
-    assert shards.task_indices("0-7%2") == list(range(8))  # a throttle
-    assert shards.task_indices("") == [] and shards.task_indices("N/A") == []
+    assert states.task_indices("3") == [3]
+    assert states.task_indices("0-3") == [0, 1, 2, 3]
+    assert states.task_indices("0,2-3") == [0, 2, 3]
+    assert states.task_indices("0-7%2") == list(range(8))  # a throttle
+    assert states.task_indices("") == [] and states.task_indices("N/A") == []
 
 
 def test_an_array_cancelled_before_any_task_started_is_named_from_the_ledger(run, monkeypatch):
     """No task wrote anything: the ledger's submission that holds this merge job names the array, and Slurm's
     record of its still-pending range says what happened to every task."""
-    from draftscope.execute.slurm import client, states
+    from draftscope.execute.slurm import client
 
     ledger = {
         "schema_version": 1,
@@ -292,7 +293,7 @@ def test_the_paths_of_a_shard_are_its_own(tmp_path: Path):
 def test_the_merge_job_records_the_shards_image_without_a_container_engine(tmp_path, monkeypatch):
     """A merge job's node may have no engine: the record's image facts are those the shards read where they ran,
     and its command is the stage's own (so a resubmission skips it)."""
-    from draftscope.execute.slurm import jobs, node, planfile
+    from draftscope.pipeline.slurm import jobs, node, planfile
     from draftscope.runtime import get_runtime
 
     chat = tmp_path / "chat.jsonl"
@@ -319,4 +320,4 @@ def test_the_merge_job_records_the_shards_image_without_a_container_engine(tmp_p
     assert record["status"] == "completed" and record["image"] == {"name": "vllm", **facts}
     assert record["slurm"] == {"job_id": "77", "nodes": None, "array_job_id": "9", "shards": 2}
     assert record["argv"][:2] == ["podman", "run"] and not any("running in" in line for line in said)
-    assert node.skip_reason(plan.workdir, plan.stages[0], get_runtime("podman")) is not None
+    assert jobs.skip_reason(plan.workdir, plan.stages[0], get_runtime("podman")) is not None

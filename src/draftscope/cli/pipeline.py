@@ -70,7 +70,7 @@ def pipeline(
     target = Path(workdir) if workdir else planning.default_workdir(resolved.config)
     plan = planning.build(resolved, stages, target, engine.name)
     if executor == "slurm":
-        from draftscope.execute.slurm import executor as slurm_executor
+        from draftscope.pipeline.slurm import submit as slurm_executor
 
         if dry_run:
             print("\n".join(slurm_executor.dry_run_lines(plan, engine)))

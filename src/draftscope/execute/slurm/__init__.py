@@ -1,11 +1,12 @@
-"""The Slurm executor: the pipeline's stages as Slurm jobs, through the same plan and the same runtimes.
+"""The Slurm executor: a chain of jobs (`execute.plan`) as job scripts, submitted, followed and cancelled.
 
-`invoke pipeline --executor slurm` turns each stage's Step into a job script (`jobs`), submits the chain with
-`sbatch` and follows it (`executor`); inside each job the kit runs the stage through the runtime a local run uses
-(`node`, `python -m draftscope.execute.slurm`), so the in-container argv and the stage records are a local run's. regen
-runs as a job array of shards merged by one more job, hsextract as a job array writing into one folder followed by
-a job that checks the whole output (`shards`); training spans nodes with srun + torchrun.
-Slurm's job states map onto the run's statuses (`states`); every Slurm command goes through `client`.
+`script` renders the job scripts and `sbatch` lines (pure: the dry run prints exactly what a submission writes),
+`executor` checks (`sbatch --test-only`), writes, submits and follows the chain and cancels it on Ctrl-C, `ledger`
+keeps every submission in `jobs.json`, `states` maps Slurm's job states onto the run's statuses, `node` is what
+every in-job entry point needs (SIGTERM, the stop grace before KillWait, Slurm's account of a stop), `options` the
+`--executor`/`--partition`/`--account`/`--qos` flags; every Slurm command goes through `client`.
 
-Nothing here imports torch; the dry run runs no Slurm command and writes no file.
+Which jobs a plan becomes and what each runs on its node is the planner's: the pipeline's stages
+(`draftscope.pipeline.slurm`), a benchmark (`draftscope.bench.slurm`). Nothing here imports torch; the dry run runs
+no Slurm command and writes no file.
 """

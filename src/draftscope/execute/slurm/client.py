@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from draftscope.core.errors import UserError
+from draftscope.execute.plan import Fields
 from draftscope.execute.slurm.states import JobState, parse_show_job
 
 INSTALL_FIX = (
@@ -56,9 +57,6 @@ def _message(result: subprocess.CompletedProcess) -> str:
     return " / ".join(lines[-2:]) or f"exit code {result.returncode}"
 
 
-Fields = Mapping[str, tuple[str, str]]  # "resources" / "time" → (the field that sets it, the fix)
-
-
 def explain_refusal(
     message: str,
     *,
@@ -66,11 +64,10 @@ def explain_refusal(
     partition: str | None,
     account: str | None,
     qos: str | None,
-    fields: Fields | None = None,
+    fields: Fields,
 ) -> UserError:
     """An sbatch refusal as a one-line error naming the field the user can change. `fields`: which fields size
-    the job and how to change them, for a job that is not a pipeline stage (default: `slurm.stages.<job>`)."""
-    fields = fields or {}
+    the job and how to change them (the planner's: "resources" and "time" → (field, fix))."""
     text = message.lower()
     if "invalid partition" in text:
         known = ", ".join(partitions()) or "none"
@@ -95,10 +92,7 @@ def explain_refusal(
             fix="use a QOS of your association, or leave --qos out",
         )
     if "node configuration is not available" in text or "gres" in text or "memory" in text:
-        field, fix = fields.get("resources") or (
-            f"slurm.stages.{job}",
-            "GPUs: the config's gpus; CPUs, mem, nodes",
-        )
+        field, fix = fields["resources"]
         return UserError(
             f"Slurm refused job {job}: {message}",
             field=field,
@@ -106,7 +100,7 @@ def explain_refusal(
             "(sinfo -o '%P %c %m %G %D')",
         )
     if "time limit" in text:
-        field, fix = fields.get("time") or (f"slurm.stages.{job}.time_limit_s", "")
+        field, fix = fields["time"]
         return UserError(
             f"Slurm refused job {job}: {message}",
             field=field,
@@ -127,7 +121,7 @@ def test_only(
     partition: str | None,
     account: str | None,
     qos: str | None,
-    fields: Fields | None = None,
+    fields: Fields,
 ) -> None:
     """`sbatch --test-only` with the script on stdin: Slurm validates it and its resources (partition, account,
     QOS, nodes, GPUs) and submits nothing; nothing needs to be written first."""
@@ -146,7 +140,7 @@ def submit(
     partition: str | None,
     account: str | None,
     qos: str | None,
-    fields: Fields | None = None,
+    fields: Fields,
 ) -> str:
     """Submit with `sbatch --parsable`; the job id. A job whose dependency fails is cancelled by Slurm itself
     (`--kill-on-invalid-dep=yes`), so nothing waits forever behind a failed stage, with or without the kit."""

@@ -142,6 +142,16 @@ def seconds(text: str | None) -> float | None:
     return (int(days) if days else 0) * 86400 + h * 3600 + m * 60 + s
 
 
+def task_indices(text: str) -> list[int]:
+    """The task indices of an `ArrayTaskId` value: `3`, `0-7`, `0,2-3`, `0-7%2` (a throttle)."""
+    indices: list[int] = []
+    for part in text.split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            indices += range(int(first), int(last or first) + 1)
+    return indices
+
+
 def worst(statuses: Iterable[str]) -> str:
     """The most severe of several run statuses (`completed` if there are none)."""
     present = set(statuses)

@@ -12,12 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftscope.core.config import build
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.presets import load_model_preset
 from draftscope.core.provenance import now
-from draftscope.execute.slurm.jobs import JobPlan
+from draftscope.pipeline import plan as planning
+from draftscope.pipeline import registry
+from draftscope.pipeline.config import PipelineConfig, Resolved, check
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
-from draftscope.runtime import Runtime
+from draftscope.pipeline.slurm.jobs import JobPlan
+from draftscope.runtime import Runtime, get_runtime
 
 SCHEMA_VERSION = 1
 
@@ -31,7 +36,7 @@ def document(jp: JobPlan, *, force: bool) -> dict[str, Any]:
         sp = next(s for s in plan.stages if s.stage.name == job.stage)
         stages[job.stage] = {
             "kind": job.kind,
-            "shards": job.shards,
+            "shards": job.array_size,
             "nodes": job.resources.nodes,
             "argv": list(sp.step.argv),
         }
@@ -86,13 +91,6 @@ class Loaded:
 
 def load(path: Path) -> Loaded:
     """The submitted plan, rebuilt here and checked against what was submitted."""
-    from draftscope.core.config import build
-    from draftscope.core.presets import load_model_preset
-    from draftscope.pipeline import plan as planning
-    from draftscope.pipeline import registry
-    from draftscope.pipeline.config import PipelineConfig, Resolved, check
-    from draftscope.runtime import get_runtime
-
     doc = read(path)
     config: PipelineConfig = build(PipelineConfig, doc["config"])
     preset = load_model_preset(config.model_preset)

@@ -1,13 +1,12 @@
-"""`python -m draftscope.execute.slurm COMMAND`: what the kit's job scripts run on a node.
+"""`python -m draftscope.pipeline.slurm COMMAND`: what a pipeline's job scripts run on a node.
 
 - `run-step --plan P --stage S [--shard I] [--rdzv-endpoint HOST:PORT]`: one stage (one shard of a job array,
   one node of a training job) through the runtime; writes the stage record (or the shard's outcome).
 - `merge --plan P --stage regen`: after regen's job array: account for every row, merge, write the record.
 - `check --plan P --stage hsextract`: after hsextract's job array: check every row's file, write the record.
 - `cleanup --plan P --stage S [--shard I] [--check]`: remove the job's container now (the SIGTERM trap).
-- `run-benchmark --job <run>.slurm/benchmark.json`: `invoke benchmark`'s supervisor, as a local run's, with the
-  submitted config (`invoke benchmark --executor slurm`).
-- `cleanup-benchmark --job …`: remove the benchmark's containers now (the SIGTERM trap).
+
+A benchmark's job runs `python -m draftscope.bench.slurm` instead.
 """
 
 from __future__ import annotations
@@ -16,10 +15,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from draftscope.execute.slurm.node import main_guard
+from draftscope.pipeline.slurm import node
+
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
-        prog="python -m draftscope.execute.slurm",
+        prog="python -m draftscope.pipeline.slurm",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -39,32 +41,20 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--check", action="store_true", help="the check job's container")
         if name == "run-step":
             p.add_argument("--rdzv-endpoint", default=None, help="training across nodes: HOST:PORT of node 0")
-    for name, text in (
-        ("run-benchmark", "run a benchmark's supervisor with the submitted config"),
-        ("cleanup-benchmark", "remove the benchmark's containers (SIGTERM trap)"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--job", required=True, type=Path, help="the run's <run>.slurm/benchmark.json")
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
-    from draftscope.execute.slurm import node
-
     args = parser().parse_args(argv)
     if args.command == "run-step":
-        return node.main_guard(
+        return main_guard(
             lambda: node.run_step(args.plan, args.stage, shard=args.shard, rdzv_endpoint=args.rdzv_endpoint)
         )
     if args.command == "merge":
-        return node.main_guard(lambda: node.merge(args.plan, args.stage))
+        return main_guard(lambda: node.merge(args.plan, args.stage))
     if args.command == "check":
-        return node.main_guard(lambda: node.check(args.plan, args.stage))
-    if args.command == "run-benchmark":
-        return node.main_guard(lambda: node.run_benchmark(args.job))
-    if args.command == "cleanup-benchmark":
-        return node.main_guard(lambda: node.cleanup_benchmark(args.job))
-    return node.main_guard(lambda: node.cleanup(args.plan, args.stage, shard=args.shard, check=args.check))
+        return main_guard(lambda: node.check(args.plan, args.stage))
+    return main_guard(lambda: node.cleanup(args.plan, args.stage, shard=args.shard, check=args.check))
 
 
 if __name__ == "__main__":

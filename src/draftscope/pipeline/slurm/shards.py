@@ -29,8 +29,10 @@ stage failed naming the shards that did not complete or the rows without a file.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,10 +41,14 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.schema import check
-from draftscope.execute.slurm.jobs import JOBS_FILE, SLURM_DIR
-from draftscope.execute.slurm.states import JobState, worst
+from draftscope.execute.slurm import client
+from draftscope.execute.slurm.states import JobState, task_indices, worst
+from draftscope.pipeline.__main__ import RESULT_SCHEMA_VERSION, save_result
 from draftscope.pipeline.base import Command, ResolvedInstance, StageContext
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
+from draftscope.pipeline.slurm.layout import SLURM_DIR, ledger_path
+from draftscope.pipeline.stages import hsextract, regen
+from draftscope.pipeline.stages.regen.client import account, read_rows, shard_rows
 from draftscope.runtime import Context, Outcome, Runtime
 from draftscope.runtime.step import Step
 
@@ -66,8 +72,12 @@ def output_dir(workdir: Path, shard: int, stage: str = STAGE) -> Path:
 OUTCOME_SCHEMA = "slurm-shard"  # slurm/shards/<stage>/<I>.json
 
 
+def outcomes_dir(workdir: Path, stage: str = STAGE) -> Path:
+    return workdir / SLURM_DIR / "shards" / stage
+
+
 def outcome_path(workdir: Path, shard: int, stage: str = STAGE) -> Path:
-    return workdir / SLURM_DIR / "shards" / stage / f"{shard}.json"
+    return outcomes_dir(workdir, stage) / f"{shard}.json"
 
 
 def commands_path(workdir: Path, shard: int, stage: str = STAGE) -> Path:
@@ -93,8 +103,6 @@ def shard_commands(ctx: StageContext, shard: int, shards: int = 1, stage: str = 
     """The stage's commands for one shard: the same servers, ports moved up by shard × instances; hsextract's
     servers with the shard's own scratch folders and its clients with the shard's ranks."""
     if stage == HSEXTRACT:
-        from draftscope.pipeline.stages import hsextract
-
         if not hsextract.uses_vllm(ctx):
             return []
         found = _moved(hsextract.instances(ctx), shard, "hsextract.base_port")
@@ -103,8 +111,6 @@ def shard_commands(ctx: StageContext, shard: int, shards: int = 1, stage: str = 
         return [hsextract.server_command(ctx, i, scratch=s) for i, s in zip(found, scratch, strict=True)] + [
             hsextract.client_command(ctx, i, shards * k, rank=shard * k + i.index) for i in found
         ]
-    from draftscope.pipeline.stages import regen
-
     return [regen.server_command(ctx, i) for i in _moved(regen.instances(ctx), shard, "regen.base_port")]
 
 
@@ -161,7 +167,7 @@ def array_job(workdir: Path, stage: str, outcomes: Sequence[dict[str, Any] | Non
         return str(found)
     me = os.environ.get("SLURM_JOB_ID")
     try:
-        ledger = read_json(workdir / SLURM_DIR / JOBS_FILE)
+        ledger = read_json(ledger_path(workdir))
         submissions = list(ledger["submissions"])
     except Exception:  # no ledger (a job run by hand), or a torn one
         return None
@@ -175,24 +181,12 @@ def array_job(workdir: Path, stage: str, outcomes: Sequence[dict[str, Any] | Non
     return None
 
 
-def task_indices(text: str) -> list[int]:
-    """The task indices of an `ArrayTaskId` value: `3`, `0-7`, `0,2-3`, `0-7%2` (a throttle)."""
-    indices: list[int] = []
-    for part in text.split("%")[0].split(","):
-        first, _, last = part.partition("-")
-        if first.isdigit() and (not last or last.isdigit()):
-            indices += range(int(first), int(last or first) + 1)
-    return indices
-
-
 def slurm_accounts(array: str | None, outcomes: Sequence[dict[str, Any] | None]) -> dict[int, JobState]:
     """Shard → Slurm's record of its task, asked only when a shard left no final outcome (killed before it could
     write one, or cancelled before it started: Slurm may keep such tasks as one record of a range, `12_[0-3]`);
     empty when the array is unknown or Slurm does not answer."""
     if not array or all(o is not None and o.get("status") != "running" for o in outcomes):
         return {}
-    from draftscope.execute.slurm import client
-
     try:
         found = client.show(str(array)) or []
     except UserError:
@@ -255,8 +249,6 @@ def array_end(
 
 def _index(path: Path) -> dict[str, tuple[int, int]]:
     """Row id → (offset, length) of its line: the merge copies lines without holding a shard's rows in memory."""
-    import json
-
     found: dict[str, tuple[int, int]] = {}
     if path.is_file():
         with path.open("rb") as handle:
@@ -307,7 +299,6 @@ def _write_lines(path: Path, lines: Iterable[bytes]) -> None:
 def merge(plan: PipelinePlan, shards: int) -> dict[str, Any]:
     """Account for every row over the shards and write the stage's outputs; the merged counts. UserError when a
     row is missing, twice, or the shards disagree."""
-    from draftscope.pipeline.stages.regen.client import account, read_rows, shard_rows
 
     workdir = plan.workdir
     chat = plan.context.inputs.get("chat")
@@ -367,10 +358,6 @@ def merge(plan: PipelinePlan, shards: int) -> dict[str, Any]:
 def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str | None) -> Outcome:
     """The merge job's step: the shards' outcomes checked, their files merged, the result file written for the
     stage record (versions of shard 0's image, counts summed)."""
-    import time
-
-    from draftscope.pipeline.__main__ import RESULT_SCHEMA_VERSION, save_result
-
     started = time.monotonic()
     workdir = plan.workdir
     outcomes, array, failed = array_end(workdir, STAGE, shards)
@@ -410,8 +397,6 @@ def merged_outcome(plan: PipelinePlan, sp: StagePlan, shards: int, job_id: str |
 
 def check_step(sp: StagePlan, ctx: StageContext) -> Step:
     """The check job's step: `hsextract-check` in the stage's image, on no GPU."""
-    from draftscope.pipeline.stages import hsextract
-
     return replace(
         sp.step,
         name=check_name(sp.stage.name),
@@ -434,10 +419,6 @@ def checked_outcome(
     """The check job's step: the shards' outcomes checked, then the whole output (`check_step`, through the
     runtime: `run`, default `runtime.run`), which writes the stage's summary and result file; the result gains
     the shards' counts and a note on the array."""
-    import time
-
-    from draftscope.pipeline.__main__ import save_result
-
     started = time.monotonic()
     workdir, stage = plan.workdir, sp.stage.name
     outcomes, array, failed = array_end(workdir, stage, shards)

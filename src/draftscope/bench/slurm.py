@@ -1,6 +1,6 @@
 """`invoke benchmark --executor slurm`: one benchmark as one Slurm batch job, through the same plan.
 
-Inside the job the kit's supervisor runs on the compute node as a local run's would (`python -m draftscope.execute.slurm
+Inside the job the kit's supervisor runs on the compute node as a local run's would (`python -m draftscope.bench.slurm
 run-benchmark`, the submitting host's Python: `supervisor.run_benchmark` with the config frozen at submission),
 so the run directory, its manifest, records, time limit (`--max-seconds`) and container runtime are a local
 run's. The submitting side only submits, follows and reports.
@@ -14,7 +14,7 @@ sit next to it, in `<run>.slurm/`, created exclusively at submission):
     <run>.slurm/jobs.json          the job id, its Slurm state and log (as the pipeline's slurm/jobs.json)
     <run>.slurm/slurm-<id>.out     the job's output: the supervisor's lines
 
-Resources come from the plan's benchmark step as the pipeline's come from a stage's (`jobs.step_resources`): a
+Resources come from the plan's benchmark step as the pipeline's come from a stage's (`execute.plan.step_resources`): a
 GPU benchmark ("all GPUs") takes a whole node (`--exclusive`, `--mem=0`) with `--gres=gpu:N`, N the GPUs the
 benchmark uses (vLLM's tensor_parallel_size, else 1); a CPU benchmark one CPU. The job's `--time` is the plan's
 limits summed (the benchmark step's `--max-seconds`; the fetch step has no limit of its own and counts when the
@@ -22,41 +22,61 @@ pinned snapshots are already in the hub cache, where it only checks them) plus M
 start-up and its final record, in whole minutes: the supervisor's own limit fires first and records `timed_out`
 itself. A snapshot still to be downloaded inside the job leaves the time to the partition's default.
 
-Following: `executor.follow` (scontrol every slurm.poll_interval_s, sooner once the run's manifest is final),
+Following: the Slurm executor's `follow` (scontrol every POLL_INTERVAL_S, sooner once the run's manifest is final),
 the run's records printed as they land; Ctrl-C or SIGTERM cancels the job (scancel), and the supervisor in the
 job, stopped by Slurm's SIGTERM, records the run as `interrupted` (or `timed_out` at Slurm's time limit). The
 outcome is the run's own final status; the Slurm job id and end state are added to the manifest's notes. A job
 that ended while the run recorded no end (NODE_FAIL, SIGKILL after KillWait) is reported with Slurm's state and
 `invoke recover RUN`, which is never run automatically: the submitting host (a login node) can neither see the
 node's processes nor remove the containers a job leaves on its node.
+
+`python -m draftscope.bench.slurm run-benchmark --job <run>.slurm/benchmark.json` is what the job script runs
+(`run_benchmark`); `cleanup-benchmark --job …` removes the benchmark's containers at once (its SIGTERM trap).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import shlex
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from draftscope.bench.plan import Plan, plan_benchmark
+from draftscope.bench.supervisor import Progress, context_for, preflight
+from draftscope.bench.supervisor import run_benchmark as supervise
+from draftscope.core.config import build as build_config
+from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
-from draftscope.core.hub import fetch_argv, hub_cache_dir
+from draftscope.core.hub import fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.provenance import now
-from draftscope.core.rundir import SLURM_SUFFIX, slurm_folder_of
-from draftscope.execute.slurm import client, jobs
+from draftscope.core.rundir import (
+    FINAL,
+    RECORDS,
+    SLURM_SUFFIX,
+    RunDir,
+    check_run_name,
+    liveness,
+    slurm_folder_of,
+)
+from draftscope.execute.plan import Fields, InJob, Job, JobChain, Placement, step_resources
+from draftscope.execute.slurm import client, executor, script
+from draftscope.execute.slurm.executor import POLL_INTERVAL_S, Printer
+from draftscope.execute.slurm.ledger import JOBS_FILE, Ledger, Submitted
+from draftscope.execute.slurm.node import explain_stop, job_id, main_guard, remove_container, say, stop_grace
+from draftscope.execute.slurm.states import JobState
+from draftscope.runtime import Context, get_runtime
+from draftscope.runtime.base import container_name, sigterm_interrupts, tail
 
-if TYPE_CHECKING:
-    from draftscope.execute.slurm.executor import Submitted
-    from draftscope.execute.slurm.states import JobState
-
-Printer = Callable[[str], None]
+MODULE = (
+    "draftscope.bench.slurm"  # what the job script runs: `python -m draftscope.bench.slurm run-benchmark`
+)
 SUFFIX = SLURM_SUFFIX
 SCRIPT_FILE = "benchmark.sbatch"
 JOB_FILE = "benchmark.json"
@@ -81,8 +101,12 @@ class BenchmarkJob:
     cwd: Path  # the job's working directory: the submitting one, so relative paths resolve as they did there
     runtime: str
     python: str  # the interpreter the job runs the kit with (the submitting one: shared storage)
-    job: jobs.Job
+    job: Job
     time_basis: str  # how --time was set, in words
+
+    @property
+    def chain(self) -> JobChain:
+        return JobChain(runtime=self.runtime, python=self.python, jobs=(self.job,))
 
     @property
     def folder(self) -> Path:
@@ -98,7 +122,7 @@ class BenchmarkJob:
 
     @property
     def ledger(self) -> Path:
-        return self.folder / jobs.JOBS_FILE
+        return self.folder / JOBS_FILE
 
     def log(self, job_id: str = "%j") -> Path:
         return self.folder / LOG_FILE.replace("%j", job_id)
@@ -111,8 +135,6 @@ def gpus_used(plan: Plan) -> int:
 
 
 def snapshots_cached(plan: Plan) -> bool:
-    from draftscope.core.hub import hub_snapshot
-
     return all(
         d.revision is not None and Path(hub_snapshot(d.destination, d.repo, d.revision)).is_dir()
         for d in plan.downloads
@@ -133,7 +155,7 @@ def time_limit(plan: Plan) -> tuple[float | None, float, str]:
             (
                 f"the partition's default: step(s) {', '.join(unbounded)} have no time limit (the pinned snapshots are "
                 "not in the hub cache yet, so the job downloads them); for a limit of --max-seconds + "
-                f"{MARGIN_S:g} s, download them first on a host with network: {jobs.display(fetch)}"
+                f"{MARGIN_S:g} s, download them first on a host with network: {script.display(fetch)}"
             ),
         )
     total = sum(s.time_limit_s or 0.0 for s in plan.steps)
@@ -150,49 +172,56 @@ def build(
     config: ExperimentConfig, output: Path, *, flags: Mapping[str, Any], python: str, cwd: Path | None = None
 ) -> BenchmarkJob:
     """The job of one benchmark. Pure: nothing is written, no Slurm command runs."""
-    from draftscope.pipeline.config import SlurmStageOptions
-
     output = Path(output).absolute()
+    cwd = Path(cwd or Path.cwd()).absolute()
     plan = plan_benchmark(config, str(output))
     step = next(s for s in plan.steps if s.name == "benchmark")
     seconds, margin, basis = time_limit(plan)
-    opts = SlurmStageOptions(
-        partition=flags.get("partition"), account=flags.get("account"), qos=flags.get("qos")
-    )
-    res = jobs.step_resources(step, opts, all_gpus=gpus_used(plan), seconds=seconds, margin=margin)
-    name = f"ds-{output.name}-{KEY}"
-    job = jobs.Job(KEY, KEY, KEY, name, res, about=())
-    return BenchmarkJob(plan, output, Path(cwd or Path.cwd()).absolute(), config.runtime, python, job, basis)
-
-
-def render(bj: BenchmarkJob) -> str:
-    """The job script: the pipeline's #SBATCH lines and SIGTERM trap (`jobs`), around `run-benchmark`."""
-    from draftscope.bench.supervisor import context_for
-    from draftscope.runtime import get_runtime
-
-    q = shlex.quote
-    plan, res = bj.plan, bj.job.resources
-    runtime = get_runtime(bj.runtime)
-    ctx = context_for(bj.output)
-    where = "in this node's Python environment" if bj.runtime == "local" else "each in its image"
+    opts = Placement(partition=flags.get("partition"), account=flags.get("account"), qos=flags.get("qos"))
+    res = step_resources(step, opts, all_gpus=gpus_used(plan), seconds=seconds, margin=margin)
+    folder = slurm_folder_of(output)
+    job_file = folder / JOB_FILE
+    runtime = get_runtime(config.runtime)
+    ctx = context_for(output)
+    where = "in this node's Python environment" if config.runtime == "local" else "each in its image"
     about = [
-        f"# draftscope benchmark {bj.output}: experiment {plan.experiment.name}, backend {plan.experiment.backend}, "
+        f"draftscope benchmark {output}: experiment {plan.experiment.name}, backend {plan.experiment.backend}, "
         f"preset {plan.preset.name}, device {plan.experiment.device}",
-        "# the kit's supervisor runs here as in a local run (`invoke benchmark ... --executor local`), with the config "
-        f"frozen in {bj.job_file}: it creates {bj.output} and runs the steps through the {bj.runtime} runtime, "
+        "the kit's supervisor runs here as in a local run (`invoke benchmark ... --executor local`), with the config "
+        f"frozen in {job_file}: it creates {output} and runs the steps through the {config.runtime} runtime, "
         f"{where}:",
-        *(f"#   {s.name}: {jobs.display(runtime.argv(s, ctx))}" for s in plan.steps),
-        f"# --time: {bj.time_basis}" if res.minutes else f"# no --time: {bj.time_basis}",
+        *(f"  {s.name}: {script.display(runtime.argv(s, ctx))}" for s in plan.steps),
+        f"--time: {basis}" if res.minutes else f"no --time: {basis}",
     ]
     if res.gpus:
         about.append(
-            f"# GPUs: {res.gpus} (the benchmark's), on a node of its own (--exclusive: no job beside it)"
+            f"GPUs: {res.gpus} (the benchmark's), on a node of its own (--exclusive: no job beside it)"
         )
-    head = jobs.sbatch_header(bj.job.name, bj.log(), bj.cwd, res)
-    args = f"--job {q(str(bj.job_file))}"
-    launch = ['"${kit[@]}" run-benchmark "${args[@]}" &']
-    cleanup = "cleanup-benchmark" if bj.runtime != "local" else None
-    return "\n".join([*head, "#", *about, *jobs.job_body(bj.python, args, launch, cleanup=cleanup)]) + "\n"
+    job = Job(
+        key=KEY,
+        stage=KEY,
+        kind=KEY,
+        name=f"ds-{output.name}-{KEY}",
+        resources=res,
+        run=InJob(
+            module=MODULE,
+            command="run-benchmark",
+            args=("--job", str(job_file)),
+            cleanup="cleanup-benchmark" if config.runtime != "local" else None,
+        ),
+        script=folder / SCRIPT_FILE,
+        log=folder / LOG_FILE,
+        chdir=cwd,
+        about=tuple(about),
+        fields=fields(res.gpus),
+    )
+    return BenchmarkJob(plan, output, cwd, config.runtime, python, job, basis)
+
+
+def render(bj: BenchmarkJob) -> str:
+    """The job script: the executor's #SBATCH lines and SIGTERM trap (`execute.slurm.script`), around
+    `run-benchmark`."""
+    return script.render(bj.chain, bj.job)
 
 
 def dry_run_lines(bj: BenchmarkJob) -> list[str]:
@@ -204,12 +233,10 @@ def dry_run_lines(bj: BenchmarkJob) -> list[str]:
         f"# 1 job; its script and {JOB_FILE} (the frozen config it runs) go to {bj.folder}/, its output to "
         f"{bj.log('<job id>')}",
         *(f"# note: {n}" for n in plan.notes),
-        "",
-        f"# ===== {bj.script}",
-        *render(bj).rstrip("\n").splitlines(),
+        *script.script_lines(bj.chain),
         "",
         "# ===== submission",
-        jobs.display(client.submit_argv(bj.script, None)),
+        script.display(client.submit_argv(bj.script, None)),
     ]
     return lines
 
@@ -217,8 +244,6 @@ def dry_run_lines(bj: BenchmarkJob) -> list[str]:
 def document(bj: BenchmarkJob, argv: Sequence[str]) -> dict[str, Any]:
     """`benchmark.json`: what the job's supervisor runs. `argv` (the submitting command line) becomes the run's
     command line, as a local run records its own."""
-    from draftscope.core.config import to_dict
-
     plan = bj.plan
     return {
         "schema_version": SCHEMA_VERSION,
@@ -247,8 +272,6 @@ class Loaded:
 def load(path: Path) -> Loaded:
     """On the node: the submitted benchmark, planned again by this node's kit and checked against the submission
     (another kit, or prompts changed since, would make the run claim what was not submitted)."""
-    from draftscope.core.config import build as build_config
-
     try:
         doc = read_json(path)
     except Exception as exc:
@@ -282,8 +305,6 @@ def load(path: Path) -> Loaded:
 
 def refuse_taken(bj: BenchmarkJob) -> None:
     """The run directory and its `.slurm` folder must not exist (runs are never overwritten or merged)."""
-    from draftscope.core.rundir import check_run_name
-
     check_run_name(bj.output)
     for path in (bj.output, bj.folder):
         if os.path.lexists(path):
@@ -297,12 +318,9 @@ def refuse_taken(bj: BenchmarkJob) -> None:
             )
 
 
-def fields(bj: BenchmarkJob) -> client.Fields:
-    need = (
-        f"{bj.job.resources.gpus} GPU(s): --device cuda, vLLM's tensor_parallel_size"
-        if bj.job.resources.gpus
-        else "one CPU"
-    )
+def fields(gpus: int) -> Fields:
+    """What a refusal of the job names: the benchmark's flags, not a config's fields."""
+    need = f"{gpus} GPU(s): --device cuda, vLLM's tensor_parallel_size" if gpus else "one CPU"
     return {"resources": ("--partition", need), "time": ("--max-seconds", ", or a smaller --max-seconds")}
 
 
@@ -310,19 +328,15 @@ def run(
     config: ExperimentConfig, output: Path, *, flags: Mapping[str, Any], argv: list[str], say: Printer = print
 ) -> tuple[str, str | None]:
     """Submit one benchmark, follow its job, and return the run's (status, reason)."""
-    from draftscope.bench.supervisor import preflight
-    from draftscope.runtime import get_runtime
-    from draftscope.runtime.base import sigterm_interrupts
-
     client.require("sbatch")
     bj = build(config, output, flags=flags, python=sys.executable)
     refuse_taken(bj)
     # The images and GPUs are on the nodes, not on the submitting host (a login node): the job checks them there.
     preflight(bj.plan, get_runtime(config.runtime), here=False)
-    script = render(bj)
+    text = render(bj)
     res = bj.job.resources
     slurm = {"partition": res.partition, "account": res.account, "qos": res.qos}
-    client.test_only(script, job=KEY, fields=fields(bj), **slurm)
+    client.test_only(text, job=KEY, fields=bj.job.fields, **slurm)
     bj.folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(bj.folder)  # exclusive: of two submissions to one run directory, one goes on
@@ -331,45 +345,40 @@ def run(
         raise
     try:
         atomic_write_json(bj.job_file, document(bj, argv))
-        bj.script.write_text(script, encoding="utf-8")
+        bj.script.write_text(text, encoding="utf-8")
         bj.script.chmod(0o755)
     except BaseException:
         shutil.rmtree(bj.folder, ignore_errors=True)  # created by this submission, which submitted nothing
         raise
-    with sigterm_interrupts():  # SIGTERM, like Ctrl-C, cancels the job (executor.follow)
+    with sigterm_interrupts():  # SIGTERM, like Ctrl-C, cancels the job (the executor's follow)
         return _submit_and_follow(bj, argv, slurm, say)
 
 
 def _submit_and_follow(
     bj: BenchmarkJob, argv: list[str], slurm: dict[str, Any], say: Printer
 ) -> tuple[str, str | None]:
-    from draftscope.bench.supervisor import Progress
-    from draftscope.core.rundir import FINAL, RECORDS
-    from draftscope.execute.slurm import executor
-    from draftscope.pipeline.config import SlurmOptions
-
     try:
-        job_id = client.submit(bj.script, dependency=None, job=KEY, fields=fields(bj), **slurm)
+        submitted_id = client.submit(bj.script, dependency=None, job=KEY, fields=bj.job.fields, **slurm)
     except BaseException:
         shutil.rmtree(bj.folder, ignore_errors=True)  # created by this submission, which submitted nothing
         raise
-    submitted = [executor.Submitted(bj.job, job_id, None, bj.log(job_id))]
-    ledger = executor.Ledger(bj.folder, bj.ledger)
+    submitted = [Submitted(bj.job, submitted_id, None, bj.log(submitted_id))]
+    ledger = Ledger(bj.folder, bj.ledger)
     total = bj.plan.prompts.count * bj.plan.experiment.repeats
     progress = Progress(bj.output / RECORDS, total, say)
-    every = SlurmOptions().poll_interval_s
 
     def poll() -> float:
-        return FINAL_POLL_S if _run_status(bj.output) in FINAL else every
+        return FINAL_POLL_S if _run_status(bj.output) in FINAL else POLL_INTERVAL_S
 
     try:
         ledger.add(submitted, argv, runtime=bj.runtime, python=bj.python)
         say(
-            f"slurm: submitted job {job_id} ({bj.job.name}); its output: {bj.log(job_id)}; the run: {bj.output}"
+            f"slurm: submitted job {submitted_id} ({bj.job.name}); its output: {bj.log(submitted_id)}; the run: "
+            f"{bj.output}"
         )
         progress.start()
     except BaseException:  # stopped before following began: the job goes too
-        client.cancel([job_id])
+        client.cancel([submitted_id])
         raise
     try:
         executor.follow(
@@ -394,9 +403,6 @@ def _run_status(output: Path) -> str | None:
 def conclude(bj: BenchmarkJob, s: Submitted, say: Printer) -> tuple[str, str | None]:
     """The run's final status once its job has ended, with the job noted in its manifest; Slurm's account of the
     job when the run recorded no end (or was never created)."""
-    from draftscope.core.rundir import FINAL, RunDir, liveness
-    from draftscope.runtime.base import tail
-
     record = s.records[-1] if s.records else None
     slurm_said = s.reason or (f"job {s.job_id} ended {record.state}" if record else f"job {s.job_id} ended")
     if not (bj.output / "manifest.json").is_file():
@@ -443,3 +449,70 @@ def job_note(s: Submitted, record: JobState | None) -> str:
     return (
         f"slurm: job {s.job_id} ({s.job.name}) {ended}; submitted from {socket.gethostname()}; output {s.log}"
     )
+
+
+# --- inside the job: `python -m draftscope.bench.slurm` ----------------------------------------------------------
+
+
+def run_benchmark(job_file: Path, *, say: Printer = say) -> int:
+    """The benchmark's supervisor, as a local run's, with the submitted config (`benchmark.json`); a stop by Slurm
+    (scancel, the time limit) is recorded as Slurm explains it. Exit 0 only for a completed run."""
+    loaded = load(job_file)
+    nodes = os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname()
+    note = (
+        f"supervised in Slurm job {job_id() or 'none'} on {nodes} (invoke benchmark --executor slurm, "
+        f"submitted from {loaded.doc.get('host')})"
+    )
+    manifest = supervise(
+        loaded.config,
+        loaded.output,
+        argv=list(loaded.doc["argv"]),
+        say=say,
+        notes=[note],
+        explain=explain_stop,
+        grace_seconds=stop_grace(),
+    )
+    reason = manifest.get("reason")
+    say(f"{loaded.output}: {manifest['status']}" + (f" ({reason})" if reason else ""))
+    return 0 if manifest["status"] == "completed" else 1
+
+
+def cleanup_benchmark(job_file: Path) -> int:
+    """Remove the benchmark's containers at once (the job script's SIGTERM trap), by the names the runtime gives
+    them: `scancel` ends the engine's client, not its container."""
+    try:
+        doc = read_json(job_file)
+    except Exception:
+        return 0  # nothing to go by; the supervisor stops its own container too
+    engine, output = doc.get("runtime"), Path(doc.get("output") or ".")
+    ctx = Context(run_dir=output, run_id=output.name)
+    for step in doc.get("steps") or ():
+        remove_container(engine, container_name(ctx, step["name"]))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}", description="what a benchmark's Slurm job script runs on its node"
+    )
+    sub = root.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("run-benchmark", "run a benchmark's supervisor with the submitted config"),
+        ("cleanup-benchmark", "remove the benchmark's containers (SIGTERM trap)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--job", required=True, type=Path, help="the run's <run>.slurm/benchmark.json")
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 for a completed run, 1 when not, 2 for a user error, 143 when stopped before anything
+    could be recorded."""
+    args = parser().parse_args(argv)
+    if args.command == "run-benchmark":
+        return main_guard(lambda: run_benchmark(args.job))
+    return main_guard(lambda: cleanup_benchmark(args.job))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
-"""Planning Slurm jobs from a pipeline plan, and rendering their job scripts and `sbatch` lines. Pure: nothing is
-written and nothing is run here, so the dry run prints exactly what a submission writes and submits.
+"""Which Slurm jobs a pipeline plan becomes (a chain of `execute.plan.Job`s the executor renders and submits), and
+the stage → job decisions the host and the jobs share. Pure: nothing is written and nothing is run here, so the dry
+run prints exactly what a submission writes and submits.
 
 One job per stage, in stage order, each depending on the one before (`--dependency=afterok:<id>`):
 - `step`: the stage's Step, resources from it (GPUs as `--gres=gpu:N`; "all GPUs" as the whole node: the
@@ -12,33 +13,33 @@ One job per stage, in stage order, each depending on the one before (`--dependen
 - `torchrun` (train on GPUs): `srun` starts one task per node; each runs the step with torchrun's `--standalone`
   replaced by a c10d rendezvous at the allocation's first node.
 
-Inside every job the kit runs the stage (`python -m draftscope.execute.slurm run-step`) through the same runtime as a
+Inside every job the kit runs the stage (`python -m draftscope.pipeline.slurm run-step`) through the same runtime as a
 local run (docker, podman or local), so the in-container argv is the local run's (shards add their shard options,
 training its rendezvous), and each job writes the stage record a local run writes.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import shlex
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftscope.core.errors import UserError
+from draftscope.execute.plan import Fields, InJob, Job, JobChain, Placement, Resources, step_resources
+from draftscope.execute.slurm import script
+from draftscope.execute.slurm.script import display
+from draftscope.pipeline import state
 from draftscope.pipeline.config import PipelineConfig, SlurmStageOptions
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
+from draftscope.pipeline.slurm import layout
+from draftscope.pipeline.slurm.shards import check_step
 from draftscope.runtime import Context, Runtime
 from draftscope.runtime.step import Step
 
-SLURM_DIR = "slurm"
-PLAN_FILE = "plan.json"
-JOBS_FILE = "jobs.json"
-LOGS_DIR = "logs"
-# The runtime stops a step at the stage's own time limit and records `timed_out` itself; Slurm's limit comes a
-# minute later (whole minutes, rounded up) as the backstop for a job that cannot stop.
-TIME_MARGIN_S = 60.0
+MODULE = (
+    "draftscope.pipeline.slurm"  # what the job scripts run: `python -m draftscope.pipeline.slurm COMMAND`
+)
 MERGE_MINUTES = 30  # a merge job reads and writes regen's rows once; a check job lists the files once
 # The stages that run as a job array, and the job that follows the array: (key suffix, kind).
 ARRAY_STAGES = {"regen": ("merge", "merge"), "hsextract": ("check", "check")}
@@ -47,60 +48,18 @@ NNODES, NODE_RANK, JOB_ID, HEAD = "$SLURM_NNODES", "$SLURM_NODEID", "$SLURM_JOB_
 
 
 @dataclass(frozen=True)
-class Resources:
-    nodes: int = 1
-    gpus: int = 0  # per node
-    exclusive: bool = False  # whole nodes: a step that uses "all GPUs" sees every GPU of its node
-    cpus_per_task: int | None = None
-    mem: str | None = None
-    minutes: int | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-
-
-@dataclass(frozen=True)
-class Job:
-    key: str  # file and variable names: "regen", "regen.merge", "train", "fetch"
-    stage: str  # a stage name, or "fetch"
-    kind: str  # step | shards | merge | check | torchrun | fetch
-    name: str  # --job-name
-    resources: Resources
-    shards: int = 0  # array tasks (kind shards; 0 otherwise)
-    after_ok: tuple[str, ...] = ()  # keys of the jobs this one waits for, successfully ended
-    after_any: tuple[str, ...] = ()  # keys of the jobs this one waits for, however they ended
-    about: tuple[str, ...] = ()  # comment lines: what the job runs
-
-    @property
-    def array(self) -> str | None:
-        return f"0-{self.shards - 1}" if self.kind == "shards" else None
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """The jobs of one submission and where their files go."""
+class JobPlan(JobChain):
+    """The jobs of one pipeline submission (a chain the executor submits), and the plan they came from."""
 
     plan: PipelinePlan
-    runtime: str
-    python: str  # the interpreter each job runs the kit with (the submitting one: shared storage)
-    jobs: tuple[Job, ...]
 
     @property
     def folder(self) -> Path:
-        return self.plan.workdir / SLURM_DIR
+        return layout.folder(self.plan.workdir)
 
     @property
     def plan_file(self) -> Path:
-        return self.folder / PLAN_FILE
-
-    def script(self, job: Job) -> Path:
-        return self.folder / f"{job.key}.sbatch"
-
-    def log(self, job: Job) -> Path:
-        return self.plan.workdir / LOGS_DIR / f"slurm-{job.key}-{'%A_%a' if job.array else '%j'}.out"
-
-    def job(self, key: str) -> Job:
-        return next(j for j in self.jobs if j.key == key)
+        return self.folder / layout.PLAN_FILE
 
 
 # --- the stage → job decisions, shared by the host (submission, skip checks) and the jobs ---------------------
@@ -184,63 +143,53 @@ def record_step(sp: StagePlan, runtime: Runtime, config: PipelineConfig) -> tupl
     return replace(sp, step=template), runtime.with_host_network()
 
 
+def skip_reason(workdir: Path, sp: StagePlan, runtime: Runtime) -> str | None:
+    """Why the stage's record lets it be skipped, computed as `runner.run_stage` does (argv, commands, image
+    reference, inputs, outputs), without asking the container engine: the host that submits may have none."""
+    ctx = Context(run_dir=workdir, run_id=workdir.name)
+    reference = runtime.image_reference(sp.step.image)
+    config_hash = state.config_sha256(
+        runtime.argv(sp.step, ctx), [c.to_dict() for c in sp.commands], reference
+    )
+    return state.skip_reason(
+        state.read_record(workdir, sp.stage.name),
+        config_hash=config_hash,
+        inputs=state.fingerprints(sp.inputs),
+        outputs=sp.outputs,
+    )
+
+
 # --- resources ------------------------------------------------------------------------------------------------
 
 
-def minutes(seconds: float) -> int:
-    return max(1, math.ceil(seconds / 60))
-
-
-def slurm_time(total_minutes: int) -> str:
-    """`--time` as D-HH:MM:SS (Slurm counts whole minutes)."""
-    days, rest = divmod(total_minutes, 1440)
-    hours, mins = divmod(rest, 60)
-    return f"{days}-{hours:02d}:{mins:02d}:00"
+def placement(opts: SlurmStageOptions) -> Placement:
+    return Placement(
+        partition=opts.partition,
+        account=opts.account,
+        qos=opts.qos,
+        time_limit_s=opts.time_limit_s,
+        cpus_per_task=opts.cpus_per_task,
+        mem=opts.mem,
+    )
 
 
 def resources(sp: StagePlan, config: PipelineConfig) -> Resources:
     opts = stage_options(config, sp.stage.name)
     return step_resources(
         sp.step,
-        opts,
+        placement(opts),
         all_gpus=config.gpus,
         seconds=sp.step.time_limit_s,
         nodes=(opts.nodes or 1) if kind_of(sp) == "torchrun" else 1,
     )
 
 
-def step_resources(
-    step: Step,
-    opts: SlurmStageOptions,
-    *,
-    all_gpus: int,
-    seconds: float | None,
-    margin: float = TIME_MARGIN_S,
-    nodes: int = 1,
-) -> Resources:
-    """A Step's job resources (the pipeline's stages and the benchmark alike). A step on "all GPUs" takes whole
-    nodes (`all_gpus` GPUs each, `--exclusive`, `--mem=0`): its container sees every GPU of its node; a CPU step
-    one CPU unless set. The time limit: `opts.time_limit_s`, else `seconds` (the step's own limit) + `margin`,
-    else none (the partition's default)."""
-    whole_node = step.gpus < 0
-    gpus = all_gpus if whole_node else step.gpus
-    if opts.time_limit_s is not None:
-        limit = minutes(opts.time_limit_s)
-    elif seconds is not None:
-        limit = minutes(seconds + margin)
-    else:
-        limit = None
-    return Resources(
-        nodes=nodes,
-        gpus=gpus,
-        exclusive=whole_node,
-        cpus_per_task=opts.cpus_per_task or (None if whole_node else 1),
-        mem=opts.mem or ("0" if whole_node else None),
-        minutes=limit,
-        partition=opts.partition,
-        account=opts.account,
-        qos=opts.qos,
-    )
+def fields(key: str) -> Fields:
+    """The config fields a refusal of the job names: its stage's `slurm.stages` entry."""
+    return {
+        "resources": (f"slurm.stages.{key}", "GPUs: the config's gpus; CPUs, mem, nodes"),
+        "time": (f"slurm.stages.{key}.time_limit_s", ""),
+    }
 
 
 # --- the jobs of a plan ---------------------------------------------------------------------------------------
@@ -253,17 +202,16 @@ def build(
     snapshot is missing."""
     config = plan.config
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
-    prefix = f"ds-{plan.workdir.name}"
     jobs: list[Job] = []
     previous: tuple[str, ...] = ()
+    job = functools.partial(_job, plan, runtime)
     if fetch:
         top = stage_options(config, "fetch")
         jobs.append(
-            Job(
+            job(
                 "fetch",
                 "fetch",
                 "fetch",
-                f"{prefix}-fetch",
                 Resources(cpus_per_task=1, partition=top.partition, account=top.account, qos=top.qos),
                 about=("download the pinned target snapshot into the hub cache (needs network)",),
             )
@@ -276,13 +224,12 @@ def build(
         if kind == "shards":
             shards = opts.shards or 1
             jobs.append(
-                Job(
+                job(
                     name,
                     name,
                     "shards",
-                    f"{prefix}-{name}",
                     res,
-                    shards=shards,
+                    array_size=shards,
                     after_ok=previous,
                     about=_describe(sp, runtime, ctx, config, kind, shards=shards),
                 )
@@ -301,8 +248,6 @@ def build(
                     f"into {name}/ and write stages/{name}.json",
                 )
             else:
-                from draftscope.execute.slurm.shards import check_step
-
                 check = check_step(sp, plan.context)
                 about = (
                     f"check that the {shards} task(s) completed, then every row has its "
@@ -310,17 +255,7 @@ def build(
                     f"stages/{name}.json, or record the stage failed naming the failed tasks or missing rows:",
                     "  " + display(runtime.argv(check, ctx)),
                 )
-            jobs.append(
-                Job(
-                    f"{name}.{suffix}",
-                    name,
-                    after,
-                    f"{prefix}-{name}.{suffix}",
-                    merge_res,
-                    after_any=(name,),
-                    about=about,
-                )
-            )
+            jobs.append(job(f"{name}.{suffix}", name, after, merge_res, after_any=(name,), about=about))
             previous = (f"{name}.{suffix}",)
             continue
         if kind == "step" and name == "train" and (opts.nodes or 1) > 1:
@@ -331,18 +266,61 @@ def build(
                 fix="train on one node (--nodes 1), or on GPUs (device: cuda) for torchrun across nodes",
             )
         jobs.append(
-            Job(
+            job(
                 name,
                 name,
                 kind,
-                f"{prefix}-{name}",
                 res,
                 after_ok=previous,
                 about=_describe(sp, runtime, ctx, config, kind, nodes=res.nodes),
             )
         )
         previous = (name,)
-    return JobPlan(plan, runtime.name, python, tuple(jobs))
+    return JobPlan(runtime=runtime.name, python=python, jobs=tuple(jobs), plan=plan)
+
+
+def _job(
+    plan: PipelinePlan,
+    runtime: Runtime,
+    key: str,
+    stage: str,
+    kind: str,
+    res: Resources,
+    *,
+    array_size: int = 0,
+    after_ok: tuple[str, ...] = (),
+    after_any: tuple[str, ...] = (),
+    about: tuple[str, ...] = (),
+) -> Job:
+    """One job of the chain: the kit's `run-step` (`merge`, `check`) for its stage, with a SIGTERM trap that
+    removes the step's container before the job ends (scancel alone leaves it running); training across nodes
+    through srun, node 0 as the rendezvous."""
+    workdir = plan.workdir
+    container = runtime.name != "local" and kind != "merge"  # the merge runs in the kit, not in an image
+    run = InJob(
+        module=MODULE,
+        command=kind if kind in ("merge", "check") else "run-step",
+        args=("--plan", str(layout.folder(workdir) / layout.PLAN_FILE), "--stage", stage),
+        task_flag="--shard",
+        cleanup=("cleanup --check" if kind == "check" else "cleanup") if container else None,
+        rendezvous=("--rdzv-endpoint", plan.config.slurm.rdzv_port) if kind == "torchrun" else None,
+    )
+    return Job(
+        key=key,
+        stage=stage,
+        kind=kind,
+        name=f"ds-{workdir.name}-{key}",
+        resources=res,
+        run=run,
+        script=layout.script_path(workdir, key),
+        log=layout.log_path(workdir, key, array=array_size > 0),
+        chdir=workdir,
+        array_size=array_size,
+        after_ok=after_ok,
+        after_any=after_any,
+        about=(f"draftscope pipeline {workdir}: job {key}", *about),
+        fields=fields(key),
+    )
 
 
 def _describe(
@@ -394,143 +372,25 @@ def _describe(
     return tuple(lines)
 
 
-# A word made of safe characters and `$name` references: printed unquoted, so that the shell expands them.
-_WITH_VARIABLES = re.compile(r"[\w\-=:.,/]*(\$[A-Za-z_]\w*[\w\-=:.,/]*)+")
-
-
-def display(argv: Sequence[str]) -> str:
-    """An argv as shell words: quoted, except the `$name` placeholders a job (or the dry run's script) fills in."""
-    return " ".join(a if _WITH_VARIABLES.fullmatch(a) else shlex.quote(a) for a in argv)
-
-
-# --- rendering --------------------------------------------------------------------------------------------------
-
-
-def render(jp: JobPlan, job: Job) -> str:
-    """The job script: #SBATCH lines, what it runs (comments), then the kit's `run-step` (`merge`, `check`) with a
-    SIGTERM trap that removes the step's container before the job ends (scancel alone leaves it running)."""
-    res = job.resources
-    workdir = jp.plan.workdir
-    q = shlex.quote
-    head = sbatch_header(job.name, jp.log(job), workdir, res, array=job.array)
-    about = [f"# draftscope pipeline {workdir}: job {job.key}", *(f"# {line}" for line in job.about)]
-    args = f"--plan {q(str(jp.plan_file))} --stage {q(job.stage)}"
-    if job.array:
-        args += ' --shard "$SLURM_ARRAY_TASK_ID"'
-    command = job.kind if job.kind in ("merge", "check") else "run-step"
-    container = jp.runtime != "local" and job.kind != "merge"
-    cleanup = "cleanup --check" if job.kind == "check" else "cleanup"
-    if job.kind == "torchrun":
-        port = jp.plan.config.slurm.rdzv_port
-        gres = f" --gres=gpu:{res.gpus}" if res.gpus else ""
-        launch = [
-            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1{gres} --kill-on-bad-exit=1 \\',
-            f'  "${{kit[@]}}" {command} "${{args[@]}}" --rdzv-endpoint "$head_node:{port}" &',
-        ]
-    else:
-        launch = [f'"${{kit[@]}}" {command} "${{args[@]}}" &']
-    body = job_body(jp.python, args, launch, cleanup=cleanup if container else None)
-    return "\n".join([*head, "#", *about, *body]) + "\n"
-
-
-def sbatch_header(
-    name: str, output: Path, chdir: Path, res: Resources, *, array: str | None = None
-) -> list[str]:
-    """A job script's first lines: the shebang and the #SBATCH options (sbatch reads quoted values like the
-    shell)."""
-    q = shlex.quote
-    head = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={name}",
-        f"#SBATCH --output={q(str(output))}",
-        f"#SBATCH --chdir={q(str(chdir))}",
-        "#SBATCH --open-mode=append",
-    ]
-    if array:
-        head.append(f"#SBATCH --array={array}")
-    head += [f"#SBATCH --nodes={res.nodes}", "#SBATCH --ntasks-per-node=1"]
-    if res.cpus_per_task:
-        head.append(f"#SBATCH --cpus-per-task={res.cpus_per_task}")
-    if res.mem:
-        head.append(f"#SBATCH --mem={res.mem}")
-    if res.gpus:
-        head.append(f"#SBATCH --gres=gpu:{res.gpus}")
-    if res.exclusive:
-        head.append("#SBATCH --exclusive")
-    if res.minutes:
-        head.append(f"#SBATCH --time={slurm_time(res.minutes)}")
-    for flag, value in (("partition", res.partition), ("account", res.account), ("qos", res.qos)):
-        if value:
-            head.append(f"#SBATCH --{flag}={value}")
-    return head
-
-
-def job_body(python: str, args: str, launch: Sequence[str], *, cleanup: str | None) -> list[str]:
-    """The script's commands: the kit (`python -m draftscope.execute.slurm`, the submitting host's interpreter) started
-    in the background by `launch` with `args`, and a SIGTERM trap that runs the kit's `cleanup` command (when the
-    step runs in a container) and waits for the kit to record how the step ended."""
-    q = shlex.quote
-    body = [
-        "set -u",
-        f"kit=({q(python)} -m draftscope.execute.slurm)",
-        f"args=({args})",
-        'child=""',
-        "# Slurm sends SIGTERM to every process of the job (scancel, time limit), then SIGKILL after KillWait.",
-        "on_term() {",
-    ]
-    if cleanup:
-        body.append(
-            f'  "${{kit[@]}}" {cleanup} "${{args[@]}}"  # the container outlives its client otherwise'
-        )
-    body += [
-        '  if [ -n "$child" ]; then wait "$child"; fi  # the kit records how the step ended',
-        "  exit 143",
-        "}",
-        "trap on_term TERM",
-        *launch,
-        "child=$!",
-        'wait "$child"',
-    ]
-    return body
-
-
-def dependency(job: Job, ids: dict[str, str]) -> str | None:
-    """`afterok:<id>[:<id>…]` (and `afterany:` for a merge or check), from the ids of the jobs it waits for."""
-    parts = []
-    if job.after_ok:
-        parts.append("afterok:" + ":".join(ids[k] for k in job.after_ok))
-    if job.after_any:
-        parts.append("afterany:" + ":".join(ids[k] for k in job.after_any))
-    return ",".join(parts) or None
-
-
-def variable(key: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", key)
+# --- the dry run ------------------------------------------------------------------------------------------------
 
 
 def dry_run_lines(jp: JobPlan, skipped: Sequence[tuple[str, str]] = ()) -> list[str]:
     """Every job script, then the sbatch lines in submission order, each with its dependency."""
-    from draftscope.execute.slurm import client
-
     plan = jp.plan
     lines = [
         f"# draftscope pipeline: draft {plan.config.draft}, preset {plan.preset.name}, runtime {jp.runtime}, "
         f"executor slurm, workdir {plan.workdir}",
         f"# config: {plan.source}",
         f"# {len(jp.jobs)} job(s); the job scripts and {jp.plan_file.name} go to {jp.folder}/, the jobs' output "
-        f"to {plan.workdir / LOGS_DIR}/",
+        f"to {plan.workdir / layout.LOGS_DIR}/",
     ]
     lines += [f"# note: {n}" for n in plan.notes]
     lines += [f"# {stage}: skipped ({why})" for stage, why in skipped]
-    for job in jp.jobs:
-        lines += ["", f"# ===== {jp.script(job)}", *render(jp, job).rstrip("\n").splitlines()]
+    lines += script.script_lines(jp)
     lines += [
         "",
         "# ===== submission (each job waits for the one before; a failed dependency cancels the rest)",
+        *script.submission_lines(jp),
     ]
-    placeholders = {j.key: f"${variable(j.key)}" for j in jp.jobs}
-    for job in jp.jobs:
-        argv = client.submit_argv(jp.script(job), dependency(job, placeholders))
-        lines.append(f"{variable(job.key)}=$({display(argv)})")  # as `submit` runs it, with ids as variables
     return lines
