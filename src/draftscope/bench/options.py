@@ -101,7 +101,7 @@ def dry_run_lines(
     """What `--dry-run` prints: the container command(s), or the Slurm job; nothing is created."""
     target = Path(output or f"runs/{config.name}-<timestamp>")
     if executor == "slurm":
-        from draftscope.execute.slurm import benchmark as slurm_benchmark
+        from draftscope.bench import slurm as slurm_benchmark
 
         job = slurm_benchmark.build(config, target, flags=dict(slurm or {}), python=sys.executable)
         return slurm_benchmark.dry_run_lines(job)
@@ -125,7 +125,7 @@ def run(
     if output is None:
         raise UserError("no run directory given", field="--output", fix="add --output runs/NAME (a new path)")
     if executor == "slurm":
-        from draftscope.execute.slurm import benchmark as slurm_benchmark
+        from draftscope.bench import slurm as slurm_benchmark
 
         return slurm_benchmark.run(config, Path(output), flags=dict(slurm or {}), argv=argv)
     from draftscope.bench import supervisor

@@ -81,7 +81,7 @@ def test_a_task_turns_them_into_invokes_exit():
         ["-m", "draftscope.pipeline", "exec", "regen"],
         [
             "-m",
-            "draftscope.execute.slurm",
+            "draftscope.pipeline.slurm",
             "run-step",
             "--plan",
             "/nonexistent/plan.json",
