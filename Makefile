@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env demo test test-container test-contract test-reliability test-slurm test-all lint format clean
+.PHONY: setup plan train-env demo test test-fast test-container test-contract test-reliability test-slurm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,11 @@ demo: setup train-env
 test: setup lint
 	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm" $(PYTEST_ARGS)
 
+# The fast tier: the unit tests that need no torch (pure Python: planning, argv, schemas, configs, records), spread
+# over the cores. The torch-backed unit tests (the head's kernels and properties, the decode loop) run in `make test`.
+test-fast: setup
+	$(BIN)/python -m pytest tests/unit -m "not torch" -n auto -q -p no:cacheprovider $(PYTEST_ARGS)
+
 # A real container engine (podman + runc behind its Docker API, driven by the docker CLI; see images/local/):
 # builds images/transformers/Dockerfile on a local base and runs benchmarks in it. Needs an answering engine.
 # The images install the kit's wheel from dist/ by its recorded hash: `dist` first.
@@ -71,9 +76,11 @@ test-slurm: setup
 
 test-all: test test-container test-contract test-reliability test-slurm
 
+# The layers (docs/architecture.md): .importlinter's contracts, read from the source on every run (no cache).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/hadolint images/*/Dockerfile
 
 format: setup

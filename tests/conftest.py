@@ -4,6 +4,10 @@ Helpers live in `tests/support.py` (this folder is on sys.path because this conf
 
 from __future__ import annotations
 
+import re
+from functools import cache
+from pathlib import Path
+
 import pytest
 
 from support import ROOT, run_invoke
@@ -17,7 +21,28 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# A test module that imports torch (directly, through importorskip, or through the kit's torch-backed modules) is
+# marked `torch`: `make test-fast` leaves those out. Read from the module's text, so a new such module is marked too.
+_TORCH = re.compile(
+    r"^\s*(import torch\b|from torch\b|.*importorskip\([\"']torch[\"']\)"
+    r"|from draftscope(\.decode| import decode|\.head\.(exact|quant|certify|runtime|graph|triton_kernels|bench|serving|"
+    r"vllm_plugin|capture)\b| import tiny\b|\.tiny\.(train|builder|models)\b))",
+    re.M,
+)
+
+
+@cache
+def _uses_torch(path: Path) -> bool:
+    try:
+        return bool(_TORCH.search(path.read_text(encoding="utf-8")))
+    except OSError:
+        return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _uses_torch(Path(item.fspath)):
+            item.add_marker(pytest.mark.torch)
     gpu_items = [i for i in items if i.get_closest_marker("gpu")]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU with a CUDA build of torch")

@@ -59,7 +59,7 @@ class Architecture:
 
     @property
     def is_hybrid(self) -> bool:
-        """Linear-attention (GDN / Mamba-style) layers: vLLM needs the custom all-reduce off (FACTS.md bug 1)."""
+        """Linear-attention (GDN / Mamba-style) layers: vLLM needs the custom all-reduce off (docs/integration-bugs.md, bug 1)."""
         return self.kind.startswith("hybrid")
 
 
@@ -164,7 +164,7 @@ class VllmOptions:
 
 @dataclass(frozen=True)
 class HeadOptions:
-    """The target head in the kit's speculative loop (Transformers backend; HEAD.md)."""
+    """The target head in the kit's speculative loop (Transformers backend; docs/head.md)."""
 
     policy: Literal["dense", "rowwise", "prefix"] = "dense"
     k: int = 64  # candidates refined per row beyond the top 2

@@ -535,7 +535,7 @@ def main(
         from draftscope.head.triton_kernels import kernels
 
         kernels()  # MissingDependency now, not after building the heads
-        # The dense reference's settings (HEAD.md): no reduced-precision bf16 reduction.
+        # The dense reference's settings (docs/head.md): no reduced-precision bf16 reduction.
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     _check_memory(device, max(vocabs), int(hidden))
     from draftscope.core.provenance import command_line, kit_info, now

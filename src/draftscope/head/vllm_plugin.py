@@ -230,7 +230,7 @@ def install_runner_hooks() -> None:
 
 
 def head_missing(processor: Any, lm_head: Any, hidden: torch.Tensor, embedding_bias: Any) -> list[str]:
-    """What about the model's head breaks the certificate's reference semantics (HEAD.md)."""
+    """What about the model's head breaks the certificate's reference semantics (docs/head.md)."""
     missing = []
     weight = lm_head.weight
     if processor.logits_as_input:

@@ -263,7 +263,7 @@ def load_pipeline_config(
     data.setdefault("name", f"{data['model_preset']}-{data['draft']}")
     kit = isinstance(data["model_preset"], str) and load_model_preset(data["model_preset"]).source == "kit"
     if "device" not in data and isinstance(data["model_preset"], str):
-        # The kit-built tiny models are the CPU path (DESIGN.md); every hub preset needs an NVIDIA GPU.
+        # The kit-built tiny models are the CPU path (docs/pipeline.md); every hub preset needs an NVIDIA GPU.
         data["device"] = "cpu" if kit else "cuda"
     if kit and isinstance(data.get("data", {}), dict) and data.get("data", {}).get("chat") is None:
         # The tiny path's own chat rows (examples/chat.jsonl, 64 requests) so that it runs with no input at all.

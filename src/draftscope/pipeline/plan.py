@@ -158,7 +158,9 @@ def plan_notes(ctx: StageContext) -> list[str]:
     else:
         notes.append("target: the kit-built tiny model (draftscope/assets/tiny)")
     if preset.architecture.is_hybrid:
-        notes.append("hybrid (GDN) target: vLLM runs with custom all-reduce off and the mp executor (bug 1)")
+        notes.append(
+            "hybrid (GDN) target: vLLM runs with custom all-reduce off and the mp executor (docs/integration-bugs.md, bug 1)"
+        )
     if preset.dflash.mask_token_id is None:
         notes.append(
             "the preset names no mask token id: speculators resolves one from the tokenizer, convert copies it"

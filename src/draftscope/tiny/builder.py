@@ -247,7 +247,7 @@ def _save(model: Any, folder: Path) -> None:
     from draftscope.tiny.assets import quiet_progress
 
     with quiet_progress():
-        # Stored in bf16: half the bytes, and FACTS.md measured no change in the figures.
+        # Stored in bf16: half the bytes, and no measured figure changed (docs/upstream-facts.md).
         model.to(torch.bfloat16).save_pretrained(str(folder))
     model.float()
 

@@ -57,7 +57,9 @@ def check(config: ExperimentConfig) -> None:
 def notes(config: ExperimentConfig, preset: ModelPreset) -> Sequence[str]:
     if preset.architecture.is_hybrid:
         executor = f"{HYBRID_EXECUTOR} executor"
-        return (f"hybrid (linear-attention) target: custom all-reduce off, {executor} (integration bug 1)",)
+        return (
+            f"hybrid (linear-attention) target: custom all-reduce off, {executor} (docs/integration-bugs.md, bug 1)",
+        )
     return ()
 
 
@@ -147,7 +149,7 @@ def engine_args(
 
 def num_speculative_tokens(preset: ModelPreset) -> int:
     """DFlash fills a block of `block_size` positions whose first holds the last committed token, so it
-    proposes `block_size - 1` tokens per step (FACTS.md, vLLM)."""
+    proposes `block_size - 1` tokens per step (docs/upstream-facts.md, vLLM)."""
     return preset.dflash.block_size - 1
 
 

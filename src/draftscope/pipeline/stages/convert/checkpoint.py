@@ -42,7 +42,7 @@ WEIGHTS = "model.safetensors"
 
 ARCHITECTURES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}
 # What the SGLang draft config carries besides the flattened layer config (each key is checked against SGLang's
-# released source by tests/contract/test_sglang_convert.py).
+# released source by tests/contract/test_sglang_pipeline.py).
 DFLASH_CONFIG_KEYS = ("target_layer_ids", "num_target_layers", "block_size", "mask_token_id")
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DSPARK_KEYS = ("markov_rank", "markov_head_type")

@@ -200,7 +200,7 @@ def notes(ctx: StageContext) -> list[str]:
         )
         if ctx.preset.architecture.is_hybrid:
             out.append(
-                "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (bug 1)"
+                "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (docs/integration-bugs.md, bug 1)"
             )
     else:
         out.append("CPU: the kit's Transformers extractor writes speculators' hs_<row>.safetensors layout")
