@@ -5,12 +5,20 @@ Helpers live in `tests/support.py` (this folder is on sys.path because this conf
 from __future__ import annotations
 
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
 
 from support import ROOT, run_invoke
+
+# Tests mirror `src/` (tests/unit/<package>/). A few test modules also build inputs for tests in other folders
+# (test_analysis_synthetic.make_run, test_pipeline_plan.build, test_pipeline_convert.checkpoint); each folder is on
+# the path so that they import by module name, as they did before the split.
+for _folder in sorted((ROOT / "tests" / "unit").iterdir()):
+    if _folder.is_dir() and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 def _cuda_available() -> bool:

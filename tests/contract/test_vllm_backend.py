@@ -3,7 +3,7 @@
 The release's wheel is downloaded once and cached (see `releases.py`); its sources are parsed with `ast`, never
 imported. The names checked come from the backend itself — its engine arguments built for several presets,
 its sampling fields, and the constants that list the symbols, methods, attributes and metric names it reads — so
-a rename on either side fails here. The unit tests (`tests/unit/test_vllm_args.py`) drive the backend against
+a rename on either side fails here. The unit tests (`tests/unit/bench/test_vllm_args.py`) drive the backend against
 fakes that carry exactly those declared attributes.
 """
 

@@ -5,7 +5,7 @@ works when the prefix rule asked for the dense head.
 Two kernels: per (row, vocabulary block) the fp32 dot products, rounded to the weight's dtype like a dense head's
 output, then the block's maximum and its lowest index; then per row the reduction over blocks (ties to the lowest
 index, as torch.argmax). NaN logits are not ordered here (torch.argmax would return a NaN's index). Checked on a
-CPU under `TRITON_INTERPRET=1` (tests/unit/test_head_graph.py).
+CPU under `TRITON_INTERPRET=1` (tests/unit/head/test_head_graph.py).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Then, on the target's head (the processor found inside `runner.model`; a draft m
   go to the status file with the memory the INT8 copy added.
 
 Every vLLM name used is listed below and checked against the pinned release by
-`tests/contract/test_vllm_prefix_plugin_names.py`; `tests/unit/test_vllm_prefix_plugin.py` runs this module against fakes
+`tests/contract/test_vllm_prefix_plugin_names.py`; `tests/unit/head/test_vllm_prefix_plugin.py` runs this module against fakes
 carrying exactly the declared attributes.
 """
 

@@ -53,7 +53,10 @@ IMAGE = {"reference": "draftscope/transformers:0.1.0", "id": "sha256:" + "a" * 6
 def killed_run(tmp_path: Path, *, step: dict | None = None, image: dict | None = None) -> Path:
     run = tmp_path / "killed"
     code = KILLED.format(
-        tests=str(ROOT / "tests"), unit=str(ROOT / "tests" / "unit"), path=repr(str(run)), image=repr(image)
+        tests=str(ROOT / "tests"),
+        unit=str(ROOT / "tests" / "unit" / "analysis"),
+        path=repr(str(run)),
+        image=repr(image),
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, "interrupted", json.dumps(step or {})], capture_output=True, text=True

@@ -24,7 +24,7 @@ from draftscope.core.errors import UserError
 from draftscope.core.hardware import Gpu
 from draftscope.ops import images as I
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IMAGES_DIR = ROOT / "images"
 CPU_SCRIPT = IMAGES_DIR / "transformers" / "cpu_requirements.py"
 

@@ -17,7 +17,7 @@ from draftscope.core.errors import UserError
 from draftscope.ops import doctor
 from draftscope.ops.images import IMAGES, image_reference
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nvidia-smi"
 
 
 def fixture(name: str) -> str:
