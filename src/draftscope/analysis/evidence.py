@@ -19,6 +19,8 @@ its schema; a measurement must also match its study's frozen task and options. `
 a measurement in — never over an existing one — and appends only the new files' hashes: existing lines are never
 recomputed, so adding cannot bless a file changed since it was summed. A JSON file is told apart by its content: a
 head-bench report (`kind: head-bench`) or a head-study study.json is a measurement, anything else a comparison.
+
+Over ~400 lines on purpose: the layout of research/, its hashes and their verification are one contract.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ node's processes nor remove the containers a job leaves on its node.
 
 `python -m draftscope.bench.slurm run-benchmark --job <run>.slurm/benchmark.json` is what the job script runs
 (`run_benchmark`); `cleanup-benchmark --job …` removes the benchmark's containers at once (its SIGTERM trap).
+
+Over ~400 lines on purpose: the submitting side and the in-job side share the job's file layout and its frozen
+config, and change together.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ Layout of a run directory:
     .supervisor     while the run is unfinished: the lock its supervisor holds (who, where, which step), so that a
                     run whose supervisor was killed outright (SIGKILL, the OOM killer, a crash) can be told from a
                     live one and finished by `invoke recover`; removed once the final status is written
+
+Over ~400 lines on purpose: creation, the status lifecycle and supervision share one manifest and one lock.
 """
 
 from __future__ import annotations

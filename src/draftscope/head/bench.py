@@ -25,6 +25,9 @@ git commit, the command as typed, the options as parsed, and the machine (GPU na
 versions; CPU model, CPU count and affinity, memory; torch, triton, Python; the load average before and after).
 research/ keeps such reports as evidence/STUDY/measurements/NAME.json: `invoke evidence.add FILE.json --study NAME`
 checks it against the study's frozen options (`draftscope.analysis.evidence`).
+
+Over ~400 lines on purpose: the timing loop, the table and the report describe one measurement, and a study
+freezes its protocol as a whole (research/studies/).
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ Triton is imported only when a kernel is used (`MissingDependency` otherwise). O
 Triton's interpreter, which must be chosen before the kernels are defined: set `TRITON_INTERPRET=1` in the
 environment before the first kernel call of the process. `compile_kernels(arch)` compiles every kernel for a CUDA
 architecture without a GPU (80 → sm_80, 90 → sm_90a: Triton adds the `a` itself for arch ≥ 90).
+
+Over ~400 lines on purpose: the kernels and their torch wrappers share the bound constants, and each is checked
+against its reference in quant.py.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ Then, on the target's head (the processor found inside `runner.model`; a draft m
 Every vLLM name used is listed below and checked against the pinned release by
 `tests/contract/test_vllm_prefix_plugin_names.py`; `tests/unit/head/test_vllm_prefix_plugin.py` runs this module against fakes
 carrying exactly the declared attributes.
+
+Over ~400 lines on purpose: vLLM imports this module by its entry-point name in every engine process, and the
+registration, the runner wrappers and the processor share one context variable and one set of counters.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ row, so nothing is merged); its commands, result, logs and summary are its own (
 job (`afterany`) then runs the stage's whole-output check in the stage's image (`hsextract-check`: every row has its
 `hs_<row>.safetensors`, sampled shapes) and writes `hsextract/summary.json` and the stage record, or records the
 stage failed naming the shards that did not complete or the rows without a file.
+
+Over ~400 lines on purpose: the shard split, each task's files and the merge and check jobs' accounting must agree
+row for row.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ collapse acceptance to about one token, so each rule is a check that refuses inc
 
 The output is re-read and checked the way SGLang reads it (`sglang_view`), then described in
 `draft/draftscope-convert.json` (schema `stage-convert`). Pure Python: no torch.
+
+Over ~400 lines on purpose: every rule of the conversion sits beside the check that enforces it, so the whole
+contract with SGLang reads in one place.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ Resume. `rows.jsonl` is append-only, one `write()` per row, and is the record of
 (cutting a torn last line that a kill left behind), skips those ids, and retries every other row — including the
 previous attempt's errors, whose file is kept as `errors.attempt-K.jsonl` first. The stage ends by recounting from
 the files: `ok + errors == input` with no id twice, or it fails naming the missing rows.
+
+Over ~400 lines on purpose: serving, retrying and resuming share one row ledger (rows.jsonl), and its accounting
+is checked as one.
 """
 
 from __future__ import annotations
