@@ -54,7 +54,7 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     """Build one image from its Dockerfile: pinned base, build arguments and OCI labels, from the checkout."""
     from draftscope.ops import images as I
 
-    root = I.repo_root()
+    root = I.checkout()
     lock = I.load_lock(I.lock_path(root))
     I.lock_entry(name, lock)
     arch = None
@@ -92,7 +92,7 @@ def pull(c, name, engine="docker", dry_run=False):
     argv = I.pull_argv(name, engine, I.load_lock())
     _show(argv)
     if not dry_run:
-        _run(argv, I.repo_root(), f"pulling image '{name}'")
+        _run(argv, I.checkout(), f"pulling image '{name}'")
 
 
 @command(
@@ -115,7 +115,7 @@ def push(c, name, to=None, engine="docker", dry_run=False):
         _show(argv)
     if not dry_run:
         for argv in steps:
-            _run(argv, I.repo_root(), f"pushing image '{name}'")
+            _run(argv, I.checkout(), f"pushing image '{name}'")
 
 
 @command(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})
@@ -172,7 +172,7 @@ def lock(c, tool="buildx", check=False):
     from draftscope.core.provenance import now
     from draftscope.ops import images as I
 
-    root = I.repo_root()
+    root = I.checkout()
     path = I.lock_path(root)
     data = I.load_lock(path)
     changes: list[str] = []

@@ -58,7 +58,7 @@ def split_reference(reference: str) -> tuple[str, str | None, str | None]:
 # --- the checkout and images.lock.json ----------------------------------------------------------------------
 
 
-def repo_root() -> Path:
+def checkout() -> Path:
     """The checkout the images are built from; a UserError when the kit runs from an installed wheel."""
     root = _checkout()
     if root is None or not (root / "images").is_dir():
@@ -70,7 +70,7 @@ def repo_root() -> Path:
 
 
 def lock_path(root: Path | None = None) -> Path:
-    return (root or repo_root()) / "images" / LOCK_FILE
+    return (root or checkout()) / "images" / LOCK_FILE
 
 
 def load_lock(path: Path | None = None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from draftscope.core.errors import run_main
-from draftscope.core.images import LOCK_FILE, repo_root
+from draftscope.core.images import LOCK_FILE, checkout
 from draftscope.ops.images.lockfile import kit_wheel_name, record_wheel
 
 
@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     def record() -> int:
-        digest, changed = record_wheel(repo_root(), Path(args[1]) if len(args) == 2 else None)
+        digest, changed = record_wheel(checkout(), Path(args[1]) if len(args) == 2 else None)
         state = "recorded in" if changed else "already in"
         print(f"{kit_wheel_name()} sha256 {digest}: {state} images/{LOCK_FILE}")
         return 0

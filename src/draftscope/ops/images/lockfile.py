@@ -18,9 +18,9 @@ from draftscope.core.images import (
     LOCK_FILE,
     _check_name,
     base_reference,
+    checkout,
     load_lock,
     lock_path,
-    repo_root,
     split_reference,
 )
 from draftscope.core.jsonio import sha256_file
@@ -167,7 +167,7 @@ def pinned_versions(text: str) -> dict[str, str]:
 
 def consistency_problems(root: Path | None = None, lock: Mapping[str, Any] | None = None) -> list[str]:
     """Every way images.lock.json disagrees with the Dockerfiles and lock files; empty when consistent."""
-    root = root or repo_root()
+    root = root or checkout()
     lock = lock if lock is not None else load_lock(lock_path(root))
     problems: list[str] = []
     kit = kit_dependencies(root)
