@@ -23,6 +23,7 @@ from draftscope.bench.worker import FAILPOINT
 from draftscope.core import hardware
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
+from draftscope.core.hub import is_pinned
 from draftscope.core.jsonio import read_json
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
@@ -65,7 +66,7 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
 
         require_linux(backend.name, field="--backend")
     for download in plan.downloads:
-        if download.revision is None:
+        if not is_pinned(download.revision):
             raise UserError(
                 f"{download.role} {download.repo} has no pinned revision",
                 field="revision",

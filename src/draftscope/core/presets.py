@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from draftscope.core.config import build, deep_merge, load_yaml, parse_opts, validated
 from draftscope.core.errors import UserError
+from draftscope.core.hub import is_pinned
 from draftscope.core.resources import presets_dir
 
 PIN_FIX = (
@@ -34,7 +35,7 @@ class HubRef:
 
     @property
     def pinned(self) -> bool:
-        return self.revision is not None
+        return is_pinned(self.revision)  # the one pin rule (core.hub)
 
     def display(self) -> str:
         return f"{self.repo}@{self.revision or '<unpinned: no public commit SHA recorded>'}"
