@@ -279,20 +279,8 @@ def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
         if not text.startswith(f"{stage}: running in "):
             say(text)
 
-    # No preconditions: the merge starts no server (regen's ports may be taken on this node) and reads its input
-    # itself.
-    outcome = runner.run_stage(
-        plan,
-        sp,
-        runtime,
-        ctx,
-        force=bool(loaded.doc["force"]),
-        say=tell,
-        execute=execute,
-        extra=slurm_entry(array_job_id=array, shards=count),
-        preconditions=False,
-    )
-    return 0 if outcome.status in ("completed", "skipped") else 1
+    # The merge starts no server (regen's ports may be taken on this node) and reads its input itself.
+    return _record_after_array(loaded, sp, runtime, ctx, execute, array, count, tell)
 
 
 def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
@@ -309,9 +297,15 @@ def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
     def execute(step: Step, ctx: Context) -> Outcome:
         return shards.checked_outcome(plan, sp, runtime, count, job_id(), run=run, ctx=ctx)
 
-    # No preconditions: the check starts no server (the stage's ports may be taken on this node).
+    # The check starts no server (the stage's ports may be taken on this node).
+    return _record_after_array(loaded, sp, runtime, ctx, execute, array, count, say)
+
+
+def _record_after_array(loaded, sp, runtime, ctx, execute, array, count, say: Say) -> int:
+    """The merge or check job's step through the stage runner (record, summary, skip), without the preconditions
+    of a stage that starts servers; exit 0 when the stage completed or was already complete."""
     outcome = runner.run_stage(
-        plan,
+        loaded.plan,
         sp,
         runtime,
         ctx,
