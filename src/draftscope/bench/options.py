@@ -12,12 +12,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from draftscope.bench import backends
 from draftscope.core.errors import UserError
 from draftscope.core.presets import ExperimentConfig, load_experiment
 
 # The experiment a bare `--backend` starts from.
-BACKEND_EXPERIMENTS = {"transformers": "transformers-baseline", "vllm": "vllm-int4-dflash2"}
-
 Number = str | int | float | None  # invoke hands over an option without a typed default as text
 
 
@@ -58,9 +57,7 @@ def experiment_config(
 ) -> ExperimentConfig:
     """The experiment preset (`experiment`, else the backend's) with the options given laid over it, then the
     `key=value` overrides of `opts`; an option left out (None, False) keeps the preset's value."""
-    name = experiment or BACKEND_EXPERIMENTS.get(backend)
-    if name is None:
-        raise UserError(f"unknown backend '{backend}'", field="--backend", fix="choose transformers or vllm")
+    name = experiment or backends.get(backend).default_experiment  # an unknown backend lists the valid ones
     overrides: dict[str, Any] = {
         "backend": backend,
         "model_preset": preset,

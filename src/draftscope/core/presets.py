@@ -180,7 +180,7 @@ class ExperimentConfig:
 
     schema_version: int
     name: str
-    backend: Literal["transformers", "vllm"]
+    backend: str  # a name of bench/backends (BACKENDS), checked when the benchmark is planned
     model_preset: str
     description: str = ""
     model: str | None = None

@@ -6,15 +6,18 @@ Pure: nothing is written, nothing heavy is imported. `--dry-run` prints this pla
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
 from draftscope.core import images
+from draftscope.core.errors import UserError
 from draftscope.core.presets import ModelPreset
 from draftscope.core.provenance import shell_join
 from draftscope.core.resources import resolve_path
+from draftscope.pipeline import registry
 from draftscope.pipeline.base import (
     INPUTS_MOUNT,
     Artifact,
@@ -121,7 +124,25 @@ def stage_step(stage: Stage, ctx: StageContext) -> Step:
     )
 
 
+def check_stage_names(config: PipelineConfig) -> None:
+    """Options keyed by a stage name (time limits, Slurm overrides) name a registered stage. The schemas admit any
+    name, so that the registry alone says which stages exist; this refuses a misspelt one, naming the field."""
+    known = [s.name for s in registry.STAGES]
+    keyed = [("time_limits", name) for name in config.time_limits]
+    keyed += [("slurm.stages", name) for name in config.slurm.stages]
+    for where, name in keyed:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise UserError(
+                f"unknown stage '{name}'",
+                field=f"{where}.{name}",
+                fix=f"{hint}use one of: {', '.join(known)}",
+            )
+
+
 def build(resolved: Resolved, stages: Sequence[Stage], workdir: Path, runtime: str) -> PipelinePlan:
+    check_stage_names(resolved.config)
     ctx = context(resolved, workdir, runtime, stages)
     plans = tuple(
         StagePlan(

@@ -27,7 +27,10 @@ def test_options_lay_over_the_backends_experiment():
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ({"backend": "sglang"}, "--backend: unknown backend 'sglang'; fix: choose transformers or vllm"),
+        (
+            {"backend": "sglang"},
+            "--backend: unknown backend 'sglang'; fix: choose one of: transformers, vllm",
+        ),
         ({"repeats": "two"}, "--repeats: expected an integer (got 'two')"),
         ({"memory_fraction": "most"}, "--memory-fraction: expected a number (got 'most')"),
         ({"capture_head": "1.5"}, "--capture-head: expected an integer (got '1.5')"),

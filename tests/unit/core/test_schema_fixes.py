@@ -252,6 +252,9 @@ class Place:
     doc: str
 
 
+STAGE_NAME = "^[a-z][a-z0-9-]*$"  # the schemas' stage-name keys (no underscore: `no_such_key` stays unknown)
+
+
 def _walk(
     place: Place,
     parents: tuple[Place, ...],
@@ -279,9 +282,13 @@ def _walk(
     for key, child in (inner.get("properties") or {}).items():
         _walk(Place((*place.path, key), child, doc), here, found, conditionals, name)
     for pattern, child in (inner.get("patternProperties") or {}).items():
-        key = re.fullmatch(r"\^\(([\w.-]+)\|.*\)\$", pattern)
-        assert key, f"{place.path}: teach this walk the pattern {pattern}"
-        _walk(Place((*place.path, key.group(1)), child, doc), here, found, conditionals, name)
+        if pattern == STAGE_NAME:  # any stage name the registry knows (pipeline/registry.py): take a real one
+            sample = "train"
+        else:
+            key = re.fullmatch(r"\^\(([\w.-]+)\|.*\)\$", pattern)
+            assert key, f"{place.path}: teach this walk the pattern {pattern}"
+            sample = key.group(1)
+        _walk(Place((*place.path, sample), child, doc), here, found, conditionals, name)
     if isinstance(inner.get("additionalProperties"), dict):
         _walk(
             Place((*place.path, "some-key"), inner["additionalProperties"], doc),
@@ -461,7 +468,8 @@ def _only(instance: Any, name: str) -> str:
         (
             "experiment",
             {k: v for k, v in EXPERIMENT.items() if k != "backend"},
-            "$: 'backend' is required but missing; fix: add 'backend': one of 'transformers', 'vllm'",
+            "$: 'backend' is required but missing; fix: add 'backend': a benchmark backend, e.g. transformers (planning"
+            " refuses a name the kit does not register and lists the valid ones)",
         ),
         (
             "pipeline-config",
@@ -484,9 +492,8 @@ def _only(instance: Any, name: str) -> str:
         ),
         (
             "pipeline-config",
-            {**PIPELINE, "time_limits": {"trian": 60}},
-            "$.time_limits.trian: unknown key 'trian'; fix: did you mean 'train'? remove it or use one of: regen,"
-            " pretokenize, prepare, hsextract, train, convert, serve, bench",
+            {**PIPELINE, "time_limits": {"Train": 60}},  # not a stage name at all; a misspelt one: planning
+            "$.time_limits.Train: unknown key 'Train'; fix: remove it or use one of: a key matching ^[a-z][a-z0-9-]*$",
         ),
         (
             "prompts",

@@ -3,11 +3,13 @@ its argv runs, and the registry is the one list the plan, the runner and `python
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from draftscope.core import images
+from draftscope.core.errors import UserError
 from draftscope.core.schema import get_schema
 from draftscope.pipeline import __main__ as entry_point
 from draftscope.pipeline import plan as planning
@@ -31,14 +33,25 @@ def test_entry_names_are_unique_and_all_reach_the_entry_point():
     assert sorted(commands) == sorted(["exec", *names])
 
 
-def test_the_schemas_name_exactly_the_registered_stages():
-    """Records, result files, time limits and Slurm overrides are keyed by stage name, and their schemas list the
-    names: a new stage adds its name there too (docs/architecture.md), and this says so when it is forgotten."""
-    assert get_schema("stage-record")["properties"]["stage"]["enum"] == list(registry.NAMES)
+def test_the_schemas_leave_stage_names_to_the_registry():
+    """Records, result files, time limits and Slurm overrides are keyed by stage name; the schemas admit any such
+    name, so that a new stage is registered in one place (pipeline/registry.py), and planning refuses a name the
+    registry does not know (`check_stage_names`)."""
+    assert "enum" not in get_schema("stage-record")["properties"]["stage"]
     config = get_schema("pipeline-config")["properties"]
-    pattern = f"^({'|'.join(registry.NAMES)})$"
-    assert list(config["time_limits"]["patternProperties"]) == [pattern]
-    assert list(config["slurm"]["properties"]["stages"]["patternProperties"]) == [pattern]
+    for keyed in (config["time_limits"], config["slurm"]["properties"]["stages"]):
+        (pattern,) = keyed["patternProperties"]
+        assert all(re.fullmatch(pattern, name) for name in registry.NAMES)
+
+
+@pytest.mark.parametrize("field", ["time_limits", "slurm.stages"])
+def test_an_option_for_an_unknown_stage_is_refused_naming_the_field(field):
+    opts = [f"{field}.trian=60"] if field == "time_limits" else ["slurm.stages.trian.partition=gpu"]
+    resolved = load_pipeline_config(draft="dflash", preset="tiny", opts=opts)
+    with pytest.raises(UserError) as err:
+        planning.check_stage_names(resolved.config)
+    assert err.value.field == f"{field}.trian" and "unknown stage 'trian'" in err.value.message
+    assert "did you mean 'train'?" in err.value.render()
 
 
 @pytest.mark.parametrize("draft", DRAFTS)

@@ -43,6 +43,7 @@ class Backend:
     image: str  # the image its benchmark step runs in (a name of `core.images.IMAGES`)
     engine: str  # "module:Class" of the engine the worker drives; imported only when a run starts
     devices: tuple[str, ...]  # the `--device` values it runs on
+    default_experiment: str  # the experiment preset `invoke benchmark --backend NAME` starts from
     # Linux hosts only (Linux-only wheels; GPUs reach the container through the NVIDIA Container Toolkit): a real
     # run elsewhere is refused in the preflight, before a run directory exists (`core.platforms`).
     linux_only: bool = False

@@ -11,5 +11,6 @@ BACKEND = Backend(
     image="transformers",
     engine="draftscope.bench.backends.transformers.backend:TransformersBackend",
     devices=config.DEVICES,
+    default_experiment="transformers-baseline",
     check=config.check,
 )

@@ -12,6 +12,7 @@ BACKEND = Backend(
     image="vllm",
     engine="draftscope.bench.backends.vllm.backend:VllmBackend",
     devices=config.DEVICES,
+    default_experiment="vllm-int4-dflash2",
     linux_only=True,
     ipc_host=True,  # the multi-process executor shares memory through /dev/shm
     gpu_facts_via_nvml=True,  # vLLM holds its share of GPU memory before the worker reads the GPU's facts
