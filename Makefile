@@ -22,9 +22,6 @@ $(VENV)/.installed: pyproject.toml
 plan: setup
 	$(BIN)/invoke plan
 
-# The most complete job the kit runs end to end today, on the embedded default (until `make demo` exists):
-# set-up, then plain and speculative greedy benchmarks of the kit-built tiny models on the CPU, validated and
-# analysed. Each run lands in a fresh directory under runs/.
 # The speculators environment for the pipeline's train stage: speculators 0.9.0 caps transformers and datasets
 # below the kit's own environment, so it gets its own (the same pins as CI's, torch first, then --no-deps).
 TRAIN_VENV ?= .venv-train
@@ -44,7 +41,7 @@ demo: setup train-env
 	$(BIN)/invoke demo --train-python $(TRAIN_VENV)/bin/python
 
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
-# (The container and contract tiers have their own targets once they exist; gpu tests skip without CUDA.)
+# The container, contract, reliability and Slurm tiers have their own targets; gpu tests skip without CUDA.
 test: setup lint
 	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm" $(PYTEST_ARGS)
 

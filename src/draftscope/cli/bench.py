@@ -9,6 +9,7 @@ import sys
 
 from invoke import Exit
 
+from draftscope.bench.backends import BACKENDS
 from draftscope.cli.command import command
 
 DEFAULT_EXPERIMENTS = ("transformers-baseline", "vllm-int4-dflash2", "vllm-int4-dflash2-prefix")
@@ -63,7 +64,7 @@ def presets(c, show=None):
 @command(
     iterable=["opts"],
     help={
-        "backend": "transformers or vllm",
+        "backend": f"the benchmark backend: {' or '.join(BACKENDS)}",
         "experiment": "experiment preset to start from (default: by backend)",
         "int4_dflash": "vLLM: the INT4 target with the DFlash2 draft",
         "experimental_prefix": "vLLM INT4 + DFlash2: the experimental prefix-conditioned head",

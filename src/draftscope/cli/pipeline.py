@@ -7,6 +7,7 @@ import sys
 from invoke import Exit
 
 from draftscope.cli.command import command
+from draftscope.pipeline import registry
 
 
 @command(
@@ -15,8 +16,7 @@ from draftscope.cli.command import command
         "draft": "draft type: dflash (default), dflash2 or dspark",
         "preset": "model preset (invoke presets; default qwen38-27b)",
         "config": "run config YAML (or the name of a file in presets/pipelines/)",
-        "stage": "all (default), or stage names separated by commas: "
-        "regen,pretokenize,prepare,hsextract,train,convert,serve,bench",
+        "stage": f"all (default), or stage names separated by commas: {','.join(registry.NAMES)}",
         "workdir": "the pipeline's working folder (default runs/pipeline-<preset>-<draft>); reruns resume in it",
         "opts": "override a config field, key=value (repeatable), e.g. data.chat=chat.jsonl or train.epochs=2",
         "runtime": "docker (default), podman, or local (this environment; the tiny preset on a CPU)",
