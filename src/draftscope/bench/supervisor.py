@@ -24,9 +24,12 @@ from draftscope.core import hardware
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
+from draftscope.core.platforms import require_linux
 from draftscope.core.presets import ExperimentConfig
+from draftscope.core.provenance import shell_join, versions
 from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
 from draftscope.core.summary import read_records, summarize
+from draftscope.head.vllm_switch import read_status
 from draftscope.runtime import Context, Outcome, Runtime, get_runtime
 from draftscope.runtime.base import interrupted_reason, sigterm_interrupts
 
@@ -50,8 +53,6 @@ def dry_run_lines(plan: Plan, runtime: Runtime, output: Path) -> list[str]:
 
 
 def _join(argv: list[str]) -> str:
-    from draftscope.core.provenance import shell_join
-
     return shell_join(argv)
 
 
@@ -61,8 +62,6 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
     supervisor in the job, which runs this preflight again on its node."""
     backend = plan.backend
     if backend.linux_only:
-        from draftscope.core.platforms import require_linux
-
         require_linux(backend.name, field="--backend")
     for download in plan.downloads:
         if download.revision is None:
@@ -113,7 +112,6 @@ def run_benchmark(
     plan = plan_benchmark(config, str(output))
     runtime = get_runtime(config.runtime)
     preflight(plan, runtime)
-    from draftscope.core.provenance import versions
 
     # SIGTERM is handled like Ctrl-C from here on: during creation the half-made folder is removed, later the
     # step is stopped and the run is recorded as interrupted.
@@ -252,8 +250,6 @@ def _summarize_and_close(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str,
             "worker_phase": facts.get("phase"),
         }
         if plan.experiment.experimental_prefix:
-            from draftscope.head.vllm_switch import read_status
-
             software["prefix_head"] = read_status(run.path)
         run.update(hardware=facts.get("hardware"), software=software)
     records = read_records(run.path)
