@@ -9,8 +9,6 @@ import sys
 
 from invoke import Exit
 
-from draftscope import tiny
-from draftscope.bench import options
 from draftscope.bench.overhead import measure, report_lines
 from draftscope.bench.plan import load_prompts, plan_benchmark
 from draftscope.cli.command import command
@@ -131,6 +129,9 @@ def benchmark(
 ):
     """Run a bounded, auditable greedy benchmark in its image (or locally) into a new run directory; with
     --executor slurm, as a Slurm job."""
+    # lazy: bench.options brings the supervisor and the Slurm executor; the command line starts without them
+    from draftscope.bench import options
+
     slurm = options.slurm_flags(executor, partition=partition, account=account, qos=qos)
     config = options.experiment_config(
         backend=backend,
@@ -169,6 +170,9 @@ def benchmark(
 @command(help={"tokens": "tokens per request", "rounds": "interleaved rounds over the prompts"})
 def bench_overhead(c, tokens=64, rounds=5):
     """Timing instrumentation vs a bare greedy loop (and model.generate) on the tiny model, as ratios."""
+    # lazy: the tiny models' package (builder, rich's progress display); the command line starts without it
+    from draftscope import tiny
+
     tokenizer, model = tiny.load_tokenizer(), tiny.load_target(device="cpu")
     prompts = read_json(load_prompts("examples/prompts.json").path)["prompts"][:4]
     encoded = []

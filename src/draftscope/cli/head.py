@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from draftscope.cli.command import command
 from draftscope.cli.render import console
-from draftscope.head import bench, study
+from draftscope.head import bench
 
 
 @command(
@@ -56,6 +56,9 @@ def head_bench(
 def head_study(c, run, k=64, group_size=None, output=None):
     """Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
     certified and uncertified rows, margins, the K that would have sufficed, ties; schema-valid JSON."""
+    # lazy: head.study brings the tiny models' package (for the kit's head); the command line starts without it
+    from draftscope.head import study
+
     study.main(
         run, k=int(k), group_size=int(group_size) if group_size else None, output=output, show=console().print
     )

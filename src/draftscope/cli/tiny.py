@@ -7,7 +7,6 @@ from pathlib import Path
 
 from invoke import Exit
 
-from draftscope import tiny
 from draftscope.cli.command import command, group
 
 
@@ -23,6 +22,9 @@ from draftscope.cli.command import command, group
 def build(c, check=False, install=False, target_steps=None, draft_steps=None, output=None):
     """Rebuild the tiny tokenizer, target and draft from the standard library's sources; report per file whether
     the rebuild reproduced the shipped SHA-256. --check verifies the shipped files instead of rebuilding."""
+    # lazy: the tiny models' package (builder, rich's progress display); the command line starts without it
+    from draftscope import tiny
+
     if check:
         if install or target_steps or draft_steps or output:
             raise Exit("error: --check takes no other option", code=2)
@@ -40,6 +42,8 @@ def build(c, check=False, install=False, target_steps=None, draft_steps=None, ou
 
 
 def _rebuild(folder: Path, steps: dict[str, int], install: bool) -> None:
+    from draftscope import tiny  # lazy: as in `build`
+
     with tiny.progress_display() as progress:
         record = tiny.build(folder, progress=progress, **steps)
     lines, reproduced = tiny.report_lines(record)
