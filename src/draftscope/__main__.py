@@ -17,7 +17,7 @@ from draftscope.core.provenance import versions
 
 def selfcheck() -> dict[str, object]:
     """A cheap health check: the package imports, its schemas load and compile, versions are readable."""
-    from draftscope.core import schema
+    from draftscope.core import schema  # lazy: jsonschema, which `versions` and `fetch` do not need
 
     names = schema.schema_names()
     for name in names:
@@ -49,6 +49,7 @@ def command(args: argparse.Namespace) -> int:
     elif args.command == "versions":
         print(json.dumps(versions(), indent=2))
     elif args.command == "worker":
+        # lazy: the worker brings the backends, presets, yaml and jsonschema; the other commands start without them
         from draftscope.bench import worker as bench_worker
 
         return bench_worker.run(args.run_dir)

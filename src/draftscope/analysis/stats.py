@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from draftscope.analysis.load import PromptRows
+from draftscope.core.errors import UserError
 
 CI_METHOD = "percentile bootstrap of the median over prompts"
 
@@ -172,8 +173,6 @@ def admission(
 
 def parse_threshold(text: str | float) -> float:
     """'1%' → 0.01; a bare number below 1 is a fraction (0.01); anything else is refused, naming the fix."""
-    from draftscope.core.errors import UserError
-
     raw = str(text).strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)

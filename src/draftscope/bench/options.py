@@ -12,9 +12,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench import backends
+from draftscope.bench import backends, supervisor
+from draftscope.bench import slurm as slurm_benchmark
+from draftscope.bench.plan import plan_benchmark
 from draftscope.core.errors import UserError
 from draftscope.core.presets import ExperimentConfig, load_experiment
+from draftscope.execute.slurm.options import check_names, executor_flags
+from draftscope.runtime import get_runtime
 
 # The experiment a bare `--backend` starts from.
 Number = str | int | float | None  # invoke hands over an option without a typed default as text
@@ -22,8 +26,6 @@ Number = str | int | float | None  # invoke hands over an option without a typed
 
 def slurm_flags(executor: str, **flags: str | None) -> dict[str, Any]:
     """The Slurm flags given (`--partition`, `--account`, `--qos`), checked: known executor, names by the rule."""
-    from draftscope.execute.slurm.options import check_names, executor_flags
-
     given = executor_flags(executor, **flags)
     check_names(given)
     return given
@@ -98,13 +100,8 @@ def dry_run_lines(
     """What `--dry-run` prints: the container command(s), or the Slurm job; nothing is created."""
     target = Path(output or f"runs/{config.name}-<timestamp>")
     if executor == "slurm":
-        from draftscope.bench import slurm as slurm_benchmark
-
         job = slurm_benchmark.build(config, target, flags=dict(slurm or {}), python=sys.executable)
         return slurm_benchmark.dry_run_lines(job)
-    from draftscope.bench import supervisor
-    from draftscope.bench.plan import plan_benchmark
-    from draftscope.runtime import get_runtime
 
     plan = plan_benchmark(config, str(target))
     return supervisor.dry_run_lines(plan, get_runtime(config.runtime), target)
@@ -122,10 +119,7 @@ def run(
     if output is None:
         raise UserError("no run directory given", field="--output", fix="add --output runs/NAME (a new path)")
     if executor == "slurm":
-        from draftscope.bench import slurm as slurm_benchmark
-
         return slurm_benchmark.run(config, Path(output), flags=dict(slurm or {}), argv=argv)
-    from draftscope.bench import supervisor
 
     manifest = supervisor.run_benchmark(config, Path(output), argv=argv)
     return manifest["status"], manifest.get("reason")

@@ -36,6 +36,7 @@ class OverheadResult:
 def _bare_loop(model, input_ids: Sequence[int], tokens: int) -> list[int]:
     """The kit's loop with every timing call removed: the floor the instrumentation is judged against."""
     torch = need("torch")
+    # lazy: transformers and torch, only when the overhead is measured
     from transformers import DynamicCache
 
     from draftscope.decode import _device, _forward
@@ -68,6 +69,7 @@ def _generate(model, input_ids: Sequence[int], tokens: int) -> list[int]:
 
 
 def measure(model, prompts: Sequence[Sequence[int]], *, tokens: int = 64, rounds: int = 5) -> OverheadResult:
+    # lazy: torch and transformers, only when the overhead is measured
     from draftscope.decode import greedy_generate
 
     def timed(fn) -> float:

@@ -27,6 +27,7 @@ from draftscope.core.presets import (
 )
 from draftscope.core.resources import resolve_path
 from draftscope.core.schema import check
+from draftscope.head.vllm_switch import env_for as prefix_head_env
 from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step
 
 # A benchmark prompt set is small; a larger file is a mistake (a dataset, a log) and would be copied into the run.
@@ -141,7 +142,6 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
                 network=True,
             )
         )
-    from draftscope.head.vllm_switch import env_for as prefix_head_env  # no torch: the switch's variables
 
     env = {"HF_HUB_CACHE": CACHE_MOUNT, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env |= prefix_head_env(config, RUN_MOUNT)  # {} unless experimental_prefix

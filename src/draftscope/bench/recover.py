@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from draftscope.bench.plan import plan_benchmark
+from draftscope.bench.supervisor import finish
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import repair_tail
 from draftscope.core.provenance import now
@@ -190,9 +192,8 @@ def _belongs_to(pgid: int, run: Path) -> bool:
 def _close(
     run: RunDir, manifest: Mapping[str, Any], info: Mapping[str, Any], left: list[str], cut: int
 ) -> dict[str, Any]:
-    from draftscope.bench.plan import plan_benchmark
+    # lazy: bench.reproduce brings analysis.compare and numpy; `recover`'s checks need neither
     from draftscope.bench.reproduce import config_of
-    from draftscope.bench.supervisor import finish
 
     plan = plan_benchmark(config_of(run.path, manifest), str(run.path))
     steps = [dict(s) for s in manifest.get("steps", [])]

@@ -16,11 +16,14 @@ from typing import Any
 from draftscope.analysis.compare import compare_runs, write_comparison
 from draftscope.analysis.load import Run, load_run
 from draftscope.analysis.output import refuse_existing
+from draftscope.bench import supervisor
+from draftscope.bench.plan import plan_benchmark
 from draftscope.core import schema as schemas
 from draftscope.core.config import build
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import sha256_file
 from draftscope.core.presets import ExperimentConfig
+from draftscope.runtime import get_runtime
 
 LOCAL_NOTE = "image checks skipped: the local runtime runs in this Python environment, not in an image"
 IDENTITY = ("reference", "id", "repo_digests")
@@ -67,9 +70,6 @@ def config_of(path: Path, manifest: Mapping[str, Any]) -> ExperimentConfig:
 
 def image_checks(run: Run, config: ExperimentConfig, output: Path, *, allow_drift: bool) -> dict[str, Any]:
     """Compare the recorded image of each step with what the engine has now."""
-    from draftscope.bench.plan import plan_benchmark
-    from draftscope.runtime import get_runtime
-
     runtime = get_runtime(config.runtime)
     if not runtime.uses_images:
         return {"image_check": "skipped_local_runtime", "images": [], "notes": [LOCAL_NOTE]}
@@ -121,8 +121,6 @@ def reproduce(
     say: Callable[[str], None] = print,
 ) -> tuple[dict[str, Any], Path]:
     """Re-run `source` into `output`, compare, write the comparison; returns (document, its path)."""
-    from draftscope.bench.supervisor import run_benchmark
-
     original = load_run(source)
     if original.status != "completed":
         raise UserError(
@@ -149,7 +147,9 @@ def reproduce(
     for path in (target, target.with_suffix(".png")):
         refuse_existing(path, "--comparison")  # before minutes of running, not after
     notes = [f"reproduction of {original.run_id}", *checks["notes"]]
-    manifest = run_benchmark(config, Path(output), argv=argv, say=say, kind="reproduce", notes=notes)
+    manifest = supervisor.run_benchmark(
+        config, Path(output), argv=argv, say=say, kind="reproduce", notes=notes
+    )
     if manifest["status"] != "completed":
         raise UserError(
             f"the reproduction ended '{manifest['status']}': {manifest.get('reason')}",

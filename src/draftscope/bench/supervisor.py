@@ -25,9 +25,12 @@ from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
 from draftscope.core.hub import is_pinned
 from draftscope.core.jsonio import read_json
+from draftscope.core.platforms import require_linux
 from draftscope.core.presets import ExperimentConfig
+from draftscope.core.provenance import shell_join, versions
 from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
 from draftscope.core.summary import read_records, summarize
+from draftscope.head.vllm_switch import read_status
 from draftscope.runtime import Context, Outcome, Runtime, get_runtime
 from draftscope.runtime.base import interrupted_reason, sigterm_interrupts
 
@@ -51,8 +54,6 @@ def dry_run_lines(plan: Plan, runtime: Runtime, output: Path) -> list[str]:
 
 
 def _join(argv: list[str]) -> str:
-    from draftscope.core.provenance import shell_join
-
     return shell_join(argv)
 
 
@@ -62,8 +63,6 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
     supervisor in the job, which runs this preflight again on its node."""
     backend = plan.backend
     if backend.linux_only:
-        from draftscope.core.platforms import require_linux
-
         require_linux(backend.name, field="--backend")
     for download in plan.downloads:
         if not is_pinned(download.revision):
@@ -114,7 +113,6 @@ def run_benchmark(
     plan = plan_benchmark(config, str(output))
     runtime = get_runtime(config.runtime)
     preflight(plan, runtime)
-    from draftscope.core.provenance import versions
 
     # SIGTERM is handled like Ctrl-C from here on: during creation the half-made folder is removed, later the
     # step is stopped and the run is recorded as interrupted.
@@ -253,8 +251,6 @@ def _summarize_and_close(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str,
             "worker_phase": facts.get("phase"),
         }
         if plan.experiment.experimental_prefix:
-            from draftscope.head.vllm_switch import read_status
-
             software["prefix_head"] = read_status(run.path)
         run.update(hardware=facts.get("hardware"), software=software)
     records = read_records(run.path)

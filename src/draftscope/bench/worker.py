@@ -21,8 +21,10 @@ from draftscope.bench.backends import Backend
 from draftscope.bench.backends.common import decode_tok_s, prompt_sha256
 from draftscope.core.config import build
 from draftscope.core.errors import UserError
+from draftscope.core.hardware import gpus_from_nvml
 from draftscope.core.jsonio import atomic_write_json, read_json, sha256_file
 from draftscope.core.presets import ExperimentConfig, load_model_preset
+from draftscope.core.provenance import versions
 from draftscope.core.rundir import RunDir
 
 WORKER_FACTS = "worker.json"
@@ -49,14 +51,13 @@ def hardware(device: str, spec: Backend) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "device": device,
     }
+    # lazy: torch, present in the worker's image; the module imports without it
     import torch
 
     facts["torch_threads"] = torch.get_num_threads()
     if device == "cuda" and spec.gpu_facts_via_nvml:
         # Not through torch: after the engine (vLLM) claimed its memory share, a CUDA context here would cost
         # hundreds of MB.
-        from draftscope.core.hardware import gpus_from_nvml
-
         gpus = gpus_from_nvml() or []
         facts["gpu"] = [g.as_dict() for g in gpus] or None
     elif device == "cuda" and torch.cuda.is_available():
@@ -69,8 +70,6 @@ def hardware(device: str, spec: Backend) -> dict[str, Any]:
             "cuda": torch.version.cuda,
         }
         try:
-            from draftscope.core.hardware import gpus_from_nvml
-
             gpus = gpus_from_nvml()
             if gpus:
                 facts["gpu"]["driver"] = gpus[0].driver_version
@@ -81,8 +80,6 @@ def hardware(device: str, spec: Backend) -> dict[str, Any]:
 
 
 def run(run_dir: Path) -> int:
-    from draftscope.core.provenance import versions
-
     run_dir = Path(run_dir)
     config, prompts = load_run_inputs(run_dir)
     preset = load_model_preset(config.model_preset)

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from invoke import Exit
 
+from draftscope.analysis.evidence import add as add_evidence
+from draftscope.analysis.evidence import check_study_inputs, load_study, research_dir
+from draftscope.analysis.evidence import verify as verify_evidence
+from draftscope.analysis.load import load_run, load_runs
+from draftscope.analysis.output import refuse_existing
 from draftscope.cli.command import command, group
+from draftscope.cli.render import console
 from draftscope.core.errors import UserError
 
 
@@ -36,9 +42,8 @@ def _int(value, flag: str, minimum: int) -> int:
 def analyze(c, path, run=None, report=None):
     """Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
     min–max of request and decode tok/s, acceptance length, greedy agreement); optionally write a report."""
-    from draftscope.analysis.load import load_runs
+    # lazy: jinja2, matplotlib and numpy, only when a report is written
     from draftscope.analysis.report import runs_table, write_report
-    from draftscope.cli.render import console
 
     loaded = load_runs([path, *(run or ())])
     out = console()
@@ -69,16 +74,13 @@ def compare(
 ):
     """Paired per-prompt latency ratios of CANDIDATE vs BASE, median with a bootstrap 95% CI, admission verdict,
     A/A noise band and greedy token check; writes comparison.json and a figure."""
+    # lazy: numpy (and matplotlib for the figure), only for `compare`
     from draftscope.analysis.compare import compare_runs, default_output, summary_lines, write_comparison
-    from draftscope.analysis.load import load_run
-    from draftscope.analysis.output import refuse_existing
     from draftscope.analysis.stats import parse_threshold
 
     frozen = _study_admission(study, (threshold, resamples, seed)) if study else {}
     b, cand = load_run(base), load_run(candidate)
     if study:
-        from draftscope.analysis.evidence import check_study_inputs
-
         check_study_inputs(frozen["protocol"], {r.run_id: r.prompts_sha256 for r in (b, cand)})
     path = Path(output) if output else default_output(b, cand)
     for existing in (path, path.with_suffix(".png")):
@@ -103,8 +105,6 @@ def compare(
 
 def _study_admission(study: str, given: tuple) -> dict:
     """The study's frozen admission rule; a conflicting command-line value would unfreeze it, so it is refused."""
-    from draftscope.analysis.evidence import load_study
-
     if any(v is not None for v in given):
         raise UserError(
             "a study freezes the threshold, resamples and seed",
@@ -128,6 +128,7 @@ def _study_admission(study: str, given: tuple) -> dict:
 def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, threshold="1%"):
     """Re-run RUN from its manifest alone (frozen config, hash-checked prompts, same runtime and images), then
     compare: greedy token ids must be identical; timing is reported as ratios."""
+    # lazy: numpy, only for `reproduce`
     from draftscope.analysis.compare import summary_lines
     from draftscope.analysis.stats import parse_threshold
     from draftscope.bench.reproduce import reproduce as run_reproduction
@@ -157,11 +158,8 @@ ANALYSIS_TASKS = [analyze, compare, reproduce]
 @command(help={"root": "the research folder (default: research/ of the checkout)"})
 def verify(c, root=None):
     """Check every hash in research/SHA256SUMS and validate every evidence artifact against its schema."""
-    from draftscope.analysis.evidence import research_dir
-    from draftscope.analysis.evidence import verify as check
-
     folder = research_dir(root)
-    findings = check(folder)
+    findings = verify_evidence(folder)
     for finding in findings:
         print(finding.line())
     failed = [f for f in findings if not f.ok]
@@ -181,9 +179,6 @@ def verify(c, root=None):
 def add(c, path, study=None, root=None):
     """Copy a run, a comparison or a measurement into research/evidence/STUDY/ without overwriting, and update
     SHA256SUMS."""
-    from draftscope.analysis.evidence import add as add_evidence
-    from draftscope.analysis.evidence import research_dir
-
     if not study:
         raise UserError(
             "no study given", field="--study", fix="add --study NAME (research/studies/NAME.yaml)"

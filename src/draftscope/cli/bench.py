@@ -10,7 +10,14 @@ import sys
 from invoke import Exit
 
 from draftscope.bench.backends import BACKENDS
+from draftscope.bench.overhead import measure, report_lines
+from draftscope.bench.plan import load_prompts, plan_benchmark
 from draftscope.cli.command import command
+from draftscope.cli.render import console, plan_lines, preset_table, print_json, yaml_text
+from draftscope.core import presets as P
+from draftscope.core.jsonio import read_json
+from draftscope.core.presets import load_experiment
+from draftscope.ops.images import image_reference
 
 DEFAULT_EXPERIMENTS = ("transformers-baseline", "vllm-int4-dflash2", "vllm-int4-dflash2-prefix")
 
@@ -26,11 +33,6 @@ DEFAULT_EXPERIMENTS = ("transformers-baseline", "vllm-int4-dflash2", "vllm-int4-
 )
 def plan(c, experiment=None, prompts=None, opts=None, json=False):
     """Print the experiment plan: backends, images, model + revision, prompts + hash, repeats, limits, downloads."""
-    from draftscope.bench.plan import plan_benchmark
-    from draftscope.cli.render import plan_lines, print_json
-    from draftscope.core.presets import load_experiment
-    from draftscope.ops.images import image_reference
-
     names = experiment or list(DEFAULT_EXPERIMENTS)
     plans = [plan_benchmark(load_experiment(n, {"prompts": prompts}, opts or ())) for n in names]
     if json:
@@ -45,9 +47,6 @@ def plan(c, experiment=None, prompts=None, opts=None, json=False):
 @command(help={"show": "print one preset (model or experiment), fully resolved, as YAML"})
 def presets(c, show=None):
     """List the model and experiment presets, or show one resolved."""
-    from draftscope.cli.render import console, preset_table, yaml_text
-    from draftscope.core import presets as P
-
     if show:
         if show in P.model_preset_names():
             print(yaml_text(P.load_model_preset(show)), end="")
@@ -131,6 +130,7 @@ def benchmark(
 ):
     """Run a bounded, auditable greedy benchmark in its image (or locally) into a new run directory; with
     --executor slurm, as a Slurm job."""
+    # lazy: bench.options brings the supervisor and the Slurm executor; the command line starts without them
     from draftscope.bench import options
 
     slurm = options.slurm_flags(executor, partition=partition, account=account, qos=qos)
@@ -171,10 +171,8 @@ def benchmark(
 @command(help={"tokens": "tokens per request", "rounds": "interleaved rounds over the prompts"})
 def bench_overhead(c, tokens=64, rounds=5):
     """Timing instrumentation vs a bare greedy loop (and model.generate) on the tiny model, as ratios."""
+    # lazy: the tiny models' package (builder, rich's progress display); the command line starts without it
     from draftscope import tiny
-    from draftscope.bench.overhead import measure, report_lines
-    from draftscope.bench.plan import load_prompts
-    from draftscope.core.jsonio import read_json
 
     tokenizer, model = tiny.load_tokenizer(), tiny.load_target(device="cpu")
     prompts = read_json(load_prompts("examples/prompts.json").path)["prompts"][:4]

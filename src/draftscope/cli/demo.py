@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from invoke import Exit
 
 from draftscope.cli.command import command
+from draftscope.ops import demo as D
 
 
 @command(
@@ -18,10 +21,6 @@ from draftscope.cli.command import command
 def demo(c, output=None, train_python=None, dry_run=False):
     """Baseline, speculative and prefix-head benchmarks on the tiny models, a head study, the tiny pipeline through
     convert, validation, a report and two comparisons — then a summary. CPU only; nothing is downloaded."""
-    from pathlib import Path
-
-    from draftscope.ops import demo as D
-
     if dry_run:
         root = Path(output or "runs/demo-<time>")
         for i, step in enumerate(D.steps_for_display(root, train_python or "<train python>"), 1):

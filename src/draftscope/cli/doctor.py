@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from draftscope.cli.command import command
+from draftscope.cli.render import print_json
+from draftscope.core.provenance import kit_info
+from draftscope.ops import doctor as D
 
 
 @command(help={"json": "print the report as JSON"})
 def doctor(c, json=False):
     """Report the host: NVIDIA GPUs and dtype policy, driver/CUDA, memory, disk, container engine, kit images."""
-    from draftscope.cli.render import print_json
-    from draftscope.ops import doctor as D
-
     report = D.collect()
     if json:
         print_json(report)
@@ -23,8 +23,6 @@ def doctor(c, json=False):
 @command
 def version(c):
     """Print the kit's version (and git commit when run from a checkout)."""
-    from draftscope.core.provenance import kit_info
-
     print(f"draftscope {version_text(kit_info())}")
 
 

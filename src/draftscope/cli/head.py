@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from draftscope.cli.command import command
 from draftscope.cli.render import console
+from draftscope.head import bench
 
 
 @command(
@@ -31,9 +32,7 @@ def head_bench(
 ):
     """Dense head vs coarse INT8 + refine (+ fallback) at real shapes, side by side as ratios, with the
     bytes-moved floor of each."""
-    from draftscope.head.bench import main
-
-    main(
+    bench.main(
         device=device,
         vocab=vocab,
         hidden=int(hidden),
@@ -57,9 +56,10 @@ def head_bench(
 def head_study(c, run, k=64, group_size=None, output=None):
     """Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
     certified and uncertified rows, margins, the K that would have sufficed, ties; schema-valid JSON."""
-    from draftscope.head.study import main
+    # lazy: head.study brings the tiny models' package (for the kit's head); the command line starts without it
+    from draftscope.head import study
 
-    main(
+    study.main(
         run, k=int(k), group_size=int(group_size) if group_size else None, output=output, show=console().print
     )
 

@@ -15,20 +15,19 @@ from typing import Any
 from invoke import Exit
 
 from draftscope.cli.command import command, group
+from draftscope.core import schema
 from draftscope.core.errors import UserError
+from draftscope.core.provenance import now, shell_join
+from draftscope.ops import images as I
 
 ENGINE_HELP = "container engine: docker or podman"
 
 
 def _show(argv: list[str]) -> None:
-    from draftscope.core.provenance import shell_join
-
     print(shell_join(argv), flush=True)
 
 
 def _run(argv: list[str], root: Path, what: str) -> None:
-    from draftscope.ops import images as I
-
     done = I.execute(argv, cwd=root)
     if done.returncode != 0:
         raise Exit(f"error: {what} failed: `{argv[0]} {argv[1]}` exited with {done.returncode}", code=1)
@@ -52,8 +51,6 @@ def _warn(lines: list[str]) -> None:
 )
 def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="docker", dry_run=False):
     """Build one image from its Dockerfile: pinned base, build arguments and OCI labels, from the checkout."""
-    from draftscope.ops import images as I
-
     root = I.checkout()
     lock = I.load_lock(I.lock_path(root))
     I.lock_entry(name, lock)
@@ -87,8 +84,6 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
 @command(help={"name": "image to pull", "engine": ENGINE_HELP, "dry_run": "print the pull argv and stop"})
 def pull(c, name, engine="docker", dry_run=False):
     """Pull a published image by its digest from images/images.lock.json (for reviewers)."""
-    from draftscope.ops import images as I
-
     argv = I.pull_argv(name, engine, I.load_lock())
     _show(argv)
     if not dry_run:
@@ -106,8 +101,6 @@ def pull(c, name, engine="docker", dry_run=False):
 )
 def push(c, name, to=None, engine="docker", dry_run=False):
     """Tag a locally built image for a registry and push it; record the pushed digest with `images.lock`."""
-    from draftscope.ops import images as I
-
     if not to:
         raise UserError("no destination given", field="--to", fix="add --to REGISTRY/NAMESPACE/REPO")
     steps = I.push_argv(name, to, engine, I.load_lock())
@@ -121,8 +114,6 @@ def push(c, name, to=None, engine="docker", dry_run=False):
 @command(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})
 def list_(c, engine="docker", json=False):
     """The kit's images present locally (ID, digests, base) and what images.lock.json leaves unpinned."""
-    from draftscope.ops import images as I
-
     lock = I.load_lock()
     rows: list[dict[str, Any]] = []
     for name in I.IMAGES:
@@ -168,10 +159,6 @@ def lock(c, tool="buildx", check=False):
 
     Needs a machine that reaches the registries (and GitHub); run it after changing a base or a release.
     """
-    from draftscope.core import schema
-    from draftscope.core.provenance import now
-    from draftscope.ops import images as I
-
     root = I.checkout()
     path = I.lock_path(root)
     data = I.load_lock(path)

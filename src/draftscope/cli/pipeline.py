@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from invoke import Exit
 
 from draftscope.cli.command import command
+from draftscope.execute.slurm.options import executor_flags
 from draftscope.pipeline import registry
+from draftscope.runtime import get_runtime
 
 
 @command(
@@ -49,13 +52,9 @@ def pipeline(
 ):
     """Train and serve a DFlash / DFlash2 / DSpark draft: regen → pretokenize → prepare → hsextract → train →
     convert → serve → bench, each stage in its pinned image."""
-    from pathlib import Path
-
-    from draftscope.execute.slurm.options import executor_flags
+    # lazy: planning and the config loader, only when the pipeline runs (the registry is read above, for the help)
     from draftscope.pipeline import plan as planning
-    from draftscope.pipeline import registry
     from draftscope.pipeline.config import load_pipeline_config
-    from draftscope.runtime import get_runtime
 
     slurm = executor_flags(executor, partition=partition, account=account, qos=qos, nodes=nodes)
     resolved = load_pipeline_config(
@@ -70,6 +69,7 @@ def pipeline(
     target = Path(workdir) if workdir else planning.default_workdir(resolved.config)
     plan = planning.build(resolved, stages, target, engine.name)
     if executor == "slurm":
+        # lazy: the Slurm executor, only with --executor slurm
         from draftscope.pipeline.slurm import submit as slurm_executor
 
         if dry_run:
@@ -80,6 +80,7 @@ def pipeline(
         print("\n".join(planning.dry_run_lines(plan, engine)))
         return
     else:
+        # lazy: the runner and the stages' checks, only for a real run
         from draftscope.pipeline.runner import run_pipeline
 
         outcomes = run_pipeline(plan, engine, force=force, argv=sys.argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,7 @@ from invoke import Exit
 
 from draftscope.cli.command import command
 from draftscope.core.errors import UserError
+from draftscope.core.resources import repo_root
 from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figures, seed_from_env
 
 # --- the task ---------------------------------------------------------------------------------------------------
@@ -28,10 +30,6 @@ from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figu
 def reliability(c, seed=None, pytest_args=""):
     """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus, search outputs for a planted
     secret; print faults injected/survived, bad inputs tried/refused, records lost, torn lines, secrets found."""
-    import shlex
-
-    from draftscope.core.resources import repo_root
-
     root = repo_root()
     if root is None or not (root / "tests" / "reliability").is_dir():
         raise UserError("the reliability suite lives in the kit's checkout", fix="run it from a git checkout")

@@ -7,14 +7,17 @@ from pathlib import Path
 
 from invoke import Exit
 
+from draftscope.bench.recover import recover as finish_run
 from draftscope.cli.command import command
 from draftscope.core.errors import UserError
+from draftscope.core.rundir import liveness
 
 
 @command(help={"run_dir": "the run directory (or pipeline workdir) to check"})
 def validate(c, run_dir):
     """Validate every artifact of a run directory, or of a pipeline workdir, against its schema (a workdir's
     recorded outputs re-hashed too): one verdict line per file."""
+    # lazy: ops.validate imports the stage registry (every stage); the command line starts without it
     from draftscope.ops.validate import validate_path
 
     report = validate_path(run_dir)
@@ -31,8 +34,6 @@ def validate(c, run_dir):
 
 def _liveness_line(run_dir: str) -> str | None:
     """A line about an unfinished run's supervisor, for `validate`: whether it lives, and how to finish its record."""
-    from draftscope.core.rundir import liveness
-
     try:
         state = liveness(Path(run_dir))
     except (UserError, OSError):
@@ -48,8 +49,6 @@ def recover(c, run_dir, force=False):
     """Finish the record of a run whose supervisor was killed outright (SIGKILL, the OOM killer, a crash): stop
     what its step left running, cut a torn last record, write the summary from the records kept and the status
     `interrupted` with the reason. A live or finished run is refused."""
-    from draftscope.bench.recover import recover as finish_run
-
     manifest = finish_run(Path(run_dir), force=force)
     print(f"{run_dir}: {manifest['status']}: {manifest['reason']}")
 

@@ -18,6 +18,7 @@ def share(c, run, output=None, include_text=False, keep_paths=False):
     """Pack a run: manifest, config, summary, records without prompt or generated text, hardware, SHA256SUMS.
 
     The host's absolute paths are rewritten (<run>/…, ~/…, …/NAME) unless --keep-paths."""
+    # lazy: tarfile and gzip, only for `share`; the command line starts without them
     from draftscope.ops.share import pack
 
     if not output:

@@ -22,6 +22,7 @@ from draftscope.cli.command import command, group
 def build(c, check=False, install=False, target_steps=None, draft_steps=None, output=None):
     """Rebuild the tiny tokenizer, target and draft from the standard library's sources; report per file whether
     the rebuild reproduced the shipped SHA-256. --check verifies the shipped files instead of rebuilding."""
+    # lazy: the tiny models' package (builder, rich's progress display); the command line starts without it
     from draftscope import tiny
 
     if check:
@@ -41,7 +42,7 @@ def build(c, check=False, install=False, target_steps=None, draft_steps=None, ou
 
 
 def _rebuild(folder: Path, steps: dict[str, int], install: bool) -> None:
-    from draftscope import tiny
+    from draftscope import tiny  # lazy: as in `build`
 
     with tiny.progress_display() as progress:
         record = tiny.build(folder, progress=progress, **steps)

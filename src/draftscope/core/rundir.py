@@ -26,6 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, so a run's supervisor holds no lock there
+    fcntl = None
+
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json, sha256_file
@@ -292,9 +297,7 @@ class Supervision:
     @classmethod
     def take(cls, run: Path) -> Supervision:
         path = Path(run) / SUPERVISOR
-        try:
-            import fcntl
-        except ImportError:
+        if fcntl is None:
             return cls(path, None)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else can hold it
@@ -306,9 +309,7 @@ class Supervision:
     def adopt(cls, run: Path) -> Supervision:
         """Take over the lock of a run whose supervisor is gone (`invoke recover`); refused while anyone holds it."""
         path = Path(run) / SUPERVISOR
-        try:
-            import fcntl
-        except ImportError:
+        if fcntl is None:
             return cls(path, None)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -390,9 +391,7 @@ def liveness(run: Path, status: str | None = None) -> Liveness:
     if status in FINAL:
         return Liveness("finished", {})
     path = run / SUPERVISOR
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return Liveness("unknown", {})
     try:
         fd = os.open(path, os.O_RDWR)

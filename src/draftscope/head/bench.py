@@ -41,7 +41,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
+from draftscope.core import hardware
 from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.provenance import command_line, kit_info, now
+from draftscope.core.schema import problems
 
 log = logging.getLogger("draftscope.head.bench")
 
@@ -56,6 +62,7 @@ BF16_OUT_REL = (
 
 
 def _torch() -> Any:
+    # lazy: torch, so the command line imports this module without it
     try:
         import torch
     except ImportError as exc:
@@ -98,6 +105,7 @@ def build_chunked(
     progress: Callable[[int, int], None] | None = None,
 ) -> Any:
     """`QuantizedHead.build` with this benchmark's chunk size and a progress callback."""
+    # lazy: torch (head.quant and head.exact import it), as in `_torch()`
     from draftscope.head.quant import QuantizedHead
 
     return QuantizedHead.build(weight, group_size, chunk_rows=chunk_rows, progress=progress)
@@ -154,6 +162,7 @@ def bounds_torch(head: Any, hidden: Any, c: Any, extra_rel: float = 0.0) -> tupl
     group sums made upper bounds, U = c + e·pad + |c|·(2^-50 + extra_rel). `extra_rel` covers a coarse output
     rounded to bf16. A_out = Σ_g ‖h_g‖₁ · max_j w_linf[j, g] ≥ every token's A bound (the tail needs its max)."""
     torch = _torch()
+    # lazy: torch (head.quant and head.exact import it), as in `_torch()`
     from draftscope.head.exact import PAD, gamma, up_to_f32
     from draftscope.head.quant import group_norms
 
@@ -180,6 +189,7 @@ def refine_fp32(weight: Any, hidden: Any, ids: Any) -> tuple[Any, Any]:
     """`certify.refine` with A in fp32 (batched matmuls), divided by 1 − γ_{D+1}: an upper bound like the Triton
     refine's; f is the fp32 dot."""
     torch = _torch()
+    # lazy: torch (head.quant and head.exact import it), as in `_torch()`
     from draftscope.head.exact import PAD, gamma
 
     w = weight[ids].float()  # [N, m, D]
@@ -216,6 +226,7 @@ def _path_ops(
     whole path end to end."""
     torch = _torch()
     if device == "cuda":
+        # lazy: torch and triton, only on CUDA
         from draftscope.head.triton_kernels import coarse_triton, refine_triton, topk_triton
 
         def coarse() -> Any:
@@ -342,8 +353,6 @@ def summarize(
 
 def table(results: Sequence[dict[str, Any]], fallback: Sequence[float], device: str) -> Any:
     """One row per (vocab, rows): phase medians in ms, then ratios to the dense head, then the bytes floor."""
-    from rich.table import Table
-
     t = Table(
         title=f"head-bench on {device}: dense bf16 head vs certified path (coarse INT8 + bounds + top-K + "
         "refine); times in ms, medians",
@@ -375,8 +384,6 @@ def table(results: Sequence[dict[str, Any]], fallback: Sequence[float], device: 
 
 def validate_report(report: dict[str, Any]) -> None:
     """The report against schemas/head-bench.schema.json; a failure is a bug in this module, not user input."""
-    from draftscope.core.schema import problems
-
     found = problems(report, "head-bench")
     if found:
         raise RuntimeError(f"head-bench report: {found[0].path}: {found[0].message}")
@@ -431,9 +438,7 @@ def _gpu_info(torch: Any) -> dict[str, Any]:
         "clocks_sm_max_mhz": None,
     }
     try:
-        from draftscope.core.hardware import gpus_from_nvidia_smi, gpus_from_nvml
-
-        found = gpus_from_nvml() or gpus_from_nvidia_smi()
+        found = hardware.gpus_from_nvml() or hardware.gpus_from_nvidia_smi()
     except Exception:  # the driver's facts are a nice-to-have; torch gave the essentials
         found = None
     if found:
@@ -448,6 +453,7 @@ def _gpu_info(torch: Any) -> dict[str, Any]:
 def _device_info(device: str, load_start: float | None = None) -> dict[str, Any]:
     """The machine, for a self-describing report: device, CPU, memory, software versions, load average."""
     torch = _torch()
+    # lazy: triton is optional here (only its version is reported)
     try:
         import triton
 
@@ -535,13 +541,13 @@ def main(
             raise UserError(
                 "CUDA is not available here", field="device", value=device, fix="use --device cpu"
             )
+        # lazy: torch and triton, only on CUDA
         from draftscope.head.triton_kernels import kernels
 
         kernels()  # MissingDependency now, not after building the heads
         # The dense reference's settings (docs/head.md): no reduced-precision bf16 reduction.
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     _check_memory(device, max(vocabs), int(hidden))
-    from draftscope.core.provenance import command_line, kit_info, now
 
     say = (lambda *_: None) if quiet or show is None else show
     started = time.perf_counter()
@@ -609,8 +615,6 @@ def main(
         for note in notes:
             say(f"  note: {note}")
     if out_path is not None:
-        from draftscope.core.jsonio import atomic_write_json
-
         atomic_write_json(out_path, report)
         say(f"  wrote {out_path}")
     return report

@@ -22,6 +22,7 @@ INDEX = "capture.json"
 
 
 def write_capture(run_dir: Path | str, capture: Any, dtype: torch.dtype) -> Path:
+    # lazy: safetensors, only when a capture is written
     from safetensors.torch import save_file
 
     folder = Path(run_dir) / FOLDER
@@ -58,6 +59,7 @@ def write_capture(run_dir: Path | str, capture: Any, dtype: torch.dtype) -> Path
 
 def read_capture(run_dir: Path | str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(index, calls with their tensors) of a run's capture."""
+    # lazy: safetensors, only when a capture is read
     from safetensors.torch import load_file
 
     folder = Path(run_dir) / FOLDER

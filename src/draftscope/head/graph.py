@@ -169,6 +169,7 @@ class PredicatedHead(_CapturedHead):
     predicated = True
 
     def _dense(self, g: _Graph) -> None:
+        # lazy: triton and its kernels, only for the predicated dense ablation
         from draftscope.head.graph_kernels import predicated_dense_argmax
 
         predicated_dense_argmax(g.hidden, self.weight, g.need_dense, g.tokens)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from draftscope.core.errors import MissingDependency
+
 try:
     import triton
     import triton.language as tl
@@ -79,8 +81,6 @@ def predicated_dense_argmax(
     """When `flag` (0-dim bool, on the device) is set, write argmax(round(hidden @ weight.T)) per row into `out`
     (long [N]); otherwise leave `out` as it is. No host synchronisation."""
     if triton is None:
-        from draftscope.core.errors import MissingDependency
-
         raise MissingDependency("triton", extra="dev", image="vllm")
     n, d = hidden.shape
     vocab = weight.shape[0]

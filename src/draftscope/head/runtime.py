@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from draftscope.core.errors import UserError
 from draftscope.head.certify import DEFAULT_K, NO_DRAFT, certify
 from draftscope.head.policy import prefix_decision, rowwise_decision, verify_tokens
 from draftscope.head.quant import QuantizedHead
@@ -186,8 +187,6 @@ class CertifiedHead:
 def check_dense_head(model: Any) -> None:
     """The exactness preconditions on the model's head (docs/head.md): a plain linear map — no bias, no logit soft-cap
     or scale. A model that breaks one is refused with the reason, never run with a head that would not be exact."""
-    from draftscope.core.errors import UserError
-
     head = getattr(model, "lm_head", None)
     if head is None or getattr(head, "weight", None) is None:
         raise UserError(

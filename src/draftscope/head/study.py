@@ -10,13 +10,21 @@ the disagreements between certified tokens and the dense head's, which must be 0
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
+from draftscope import tiny
 from draftscope.core.errors import UserError
+from draftscope.core.hub import hub_cache_dir, hub_snapshot
+from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.presets import load_model_preset
+from draftscope.core.schema import check
 
 SCHEMA = "head-study"
 
@@ -42,25 +50,17 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
 def head_weight(run_dir: Path) -> Any:
     """The target's exact head weight for a run: the kit-built tiny target, or the pinned hub checkpoint's
     `lm_head.weight` (tied: `model.embed_tokens.weight`) read from the local hub cache."""
-    from draftscope.core.jsonio import read_json
-    from draftscope.core.presets import load_model_preset
-
     manifest = read_json(run_dir / "manifest.json")
     config = manifest.get("config") or {}
     preset = load_model_preset(config.get("model_preset", ""))
     if preset.source == "kit" and not config.get("model"):
-        from draftscope import tiny
-
         return tiny.load_target().lm_head.weight.detach()
     return _hub_head_weight(config, preset)
 
 
 def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
-    import json
-
+    # lazy: safetensors, only for a hub model's head
     from safetensors import safe_open
-
-    from draftscope.core.hub import hub_cache_dir, hub_snapshot
 
     repo = config.get("model") or preset.hub.repo
     revision = config.get("revision") or preset.hub.revision
@@ -82,6 +82,7 @@ def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
 
 
 def study(run_dir: Path, *, k: int = 64, group_size: int | None = None, weight: Any = None) -> dict[str, Any]:
+    # lazy: torch, so the command line imports this module without it
     import torch
 
     from draftscope.head.capture import read_capture
@@ -152,8 +153,6 @@ def study(run_dir: Path, *, k: int = 64, group_size: int | None = None, weight: 
 
 
 def table(result: dict[str, Any]) -> Any:
-    from rich.table import Table
-
     out = Table(title=f"head study: {result['calls']} calls, {result['rows']} rows (K={result['k']})")
     out.add_column("measure")
     out.add_column("value", justify="right")
@@ -193,6 +192,7 @@ def table(result: dict[str, Any]) -> Any:
 
 
 def figures(result: dict[str, Any], calls_margins: dict[str, list[float]] | None, folder: Path) -> list[Path]:
+    # lazy: matplotlib (pyplot once the Agg backend is chosen), only when the figures are drawn
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,9 +232,6 @@ def main(
     show: Callable[[Any], None] = lambda *_: None,
 ) -> tuple[dict[str, Any], Path]:
     """Replay a run's captures; `show` is the caller's printer (the head prints nothing itself)."""
-    from draftscope.core.jsonio import atomic_write_json
-    from draftscope.core.schema import check
-
     run_dir = Path(run)
     if not (run_dir / "manifest.json").is_file():
         raise UserError("not a run directory (no manifest.json)", field="RUN", value=run)

@@ -41,6 +41,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from draftscope.core.errors import MissingDependency, UserError
 from draftscope.head.exact import PAD, gamma, up_to_f32
 from draftscope.head.quant import Coarse, QuantizedHead, group_norms
@@ -54,6 +56,7 @@ REFINE_BLOCK_D = 256
 
 
 def _triton() -> tuple[Any, Any]:
+    # lazy: triton, only when a kernel is used (MissingDependency otherwise)
     try:
         import triton
         import triton.language as tl
@@ -210,8 +213,6 @@ def _check_device(*tensors: Any) -> None:
 
 def _up32(x: float) -> float:
     """The smallest fp32 value ≥ x, as a Python float (a kernel receives Python floats as fp32)."""
-    import torch
-
     return float(up_to_f32(torch.tensor(x, dtype=torch.float64)))
 
 
@@ -221,8 +222,6 @@ def _pow2(n: int) -> int:
 
 def coarse_triton(head: QuantizedHead, hidden: Any) -> Coarse:
     """The coarse pass and its bounds (as `quant.coarse`): logits fp32 [N, V], U and A bounds float64 [N, V]."""
-    import torch
-
     n, d = hidden.shape
     if d != head.hidden:
         raise ValueError(f"hidden rows have {d} features; the head has {head.hidden}")
@@ -285,8 +284,6 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def topk_keys(upper: Any, kp: int, block: int = TOPK_BLOCK) -> Any:
     """The top-`kp` 64-bit keys per row of `upper [N, V]` (see the module docstring), int64 [N, kp], descending."""
-    import torch
-
     n, v = upper.shape
     _check_device(upper)
     k = kernels()
@@ -312,8 +309,6 @@ def topk_triton(upper: Any, k: int, *, block: int = TOPK_BLOCK) -> tuple[Any, An
     """`(values, indices)` of the `k` largest entries per row of `upper [N, V]`, sorted descending with ties to
     the lowest index: the same as `torch.topk(upper, k, dim=1)` up to the order of ties. `block`: keys per
     program (a power of two; each program keeps the top KP = next power of two above k)."""
-    import torch
-
     n, v = upper.shape
     if not 0 < k <= v:
         raise ValueError(f"top-k needs 0 < k ≤ {v}, got k={k}")
@@ -350,8 +345,6 @@ def topk_triton(upper: Any, k: int, *, block: int = TOPK_BLOCK) -> tuple[Any, An
 def refine_triton(weight: Any, hidden: Any, ids: Any) -> tuple[Any, Any]:
     """`(f, A)` float64 [N, m] like `certify.refine`: the fp32 dot of each row with each candidate's exact weight
     row, and an upper bound on `Σ|h_i w_ji|` (≥ the reference's float64 sum)."""
-    import torch
-
     n, d = hidden.shape
     m = ids.shape[1]
     _check_device(weight, hidden)
@@ -460,6 +453,7 @@ def compile_kernels(
     arch-specific `sm_90a` for 90 (it rejects a string arch such as "90a"). FMA contraction stays on (Triton 3.9's
     default, stated here so the 3.10 change of default does not change the kernels): every bound above allows it."""
     triton, _ = _triton()
+    # lazy: triton, only when the kernels are compiled
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

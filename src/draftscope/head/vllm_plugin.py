@@ -40,6 +40,7 @@ import contextvars
 import functools
 import importlib
 import logging
+import multiprocessing.util
 import os
 import time
 from collections.abc import Callable
@@ -150,8 +151,6 @@ def register() -> None:
     atexit.register(plugin.close)
     # Forked multiprocessing children skip atexit handlers but run multiprocessing's finalizers.
     with contextlib.suppress(Exception):
-        import multiprocessing.util
-
         multiprocessing.util.Finalize(None, plugin.close, exitpriority=10)
 
 

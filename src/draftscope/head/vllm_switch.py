@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json
 
 ENV_SWITCH = "DRAFTSCOPE_EXPERIMENTAL_PREFIX"  # prefix | 1 (= prefix) | dense | 0 or unset (off)
 ENV_STATUS = "DRAFTSCOPE_PREFIX_STATUS"  # the status file the plugin writes (JSON)
@@ -152,6 +153,4 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
 
 def write_status(path: Path, status: Mapping[str, Any]) -> None:
     """Atomically replace the status file (several vLLM processes may write it; readers never see half)."""
-    from draftscope.core.jsonio import atomic_write_json
-
     atomic_write_json(Path(path), {"schema_version": STATUS_SCHEMA_VERSION, "kind": STATUS_KIND, **status})

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftscope.core.errors import UserError
+from draftscope.core.presets import load_model_preset
+from draftscope.core.provenance import now
 from draftscope.core.summary import read_records
 
 PROMPTS = "examples/prompts.json"
@@ -205,8 +207,6 @@ def median_decode(run: Path) -> float | None:
 
 
 def summary_lines(demo: Demo) -> tuple[list[str], bool]:
-    from draftscope.core.presets import load_model_preset
-
     r = demo.run_dir
     ok = True
     base = median_decode(r("baseline")) or float("nan")
@@ -271,8 +271,6 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
 
 
 def main(*, output: str | None, train_python: str | None, say: Callable[[str], None] = print) -> int:
-    from draftscope.core.provenance import now
-
     stamp = now().replace(":", "").replace("-", "").split(".")[0]
     root = Path(output) if output else Path("runs") / f"demo-{stamp}"
     python = train_python or os.environ.get("DRAFTSCOPE_TRAIN_PYTHON")

@@ -23,7 +23,7 @@ from draftscope.core.hardware import (
     gpus_from_nvml,
     unsupported_accelerators,
 )
-from draftscope.core.images import IMAGES, image_reference
+from draftscope.core.images import IMAGES, image_reference, load_lock, unpinned
 
 # The lowest Linux driver branch of each CUDA major release; minor-version compatibility covers the rest of the
 # major (NVIDIA's CUDA compatibility guide: CUDA 12.x needs >= 525.60.13, CUDA 13.x >= 580.65.06).
@@ -140,8 +140,6 @@ def _version_tuple(text: str | None) -> tuple[int, int] | None:
 def image_cuda() -> dict[str, str]:
     """The CUDA version each image is built on (images/images.lock.json `versions.cuda`); empty outside a checkout,
     where the lock is not installed."""
-    from draftscope.core.images import load_lock
-
     try:
         lock = load_lock()
     except UserError:
@@ -187,8 +185,6 @@ def driver_problems(gpus: list[dict[str, Any]], images: dict[str, str]) -> list[
 
 def _unpinned() -> list[str]:
     """What images/images.lock.json leaves unpinned: a base without a digest is flagged, never hidden."""
-    from draftscope.core.images import load_lock, unpinned
-
     try:
         return unpinned(load_lock())
     except UserError as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json
 
 FIGURES_ENV = "DRAFTSCOPE_RELIABILITY_FIGURES"
 SEED_ENV = "DRAFTSCOPE_RELIABILITY_SEED"
@@ -189,6 +190,4 @@ class Figures:
         )
 
     def write(self, path: Path) -> None:
-        from draftscope.core.jsonio import atomic_write_json
-
         atomic_write_json(Path(path), self.to_dict())

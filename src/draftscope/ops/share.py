@@ -54,8 +54,10 @@ from typing import Any
 
 from draftscope import __version__
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
 from draftscope.core.provenance import now
 from draftscope.core.rundir import RESERVE, SUPERVISOR
+from draftscope.ops import doctor
 from draftscope.pipeline.base import INPUTS_MOUNT, MODELS_MOUNT, SPECULATORS_SCRIPTS
 from draftscope.runtime.container import HOME_ENV
 from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT
@@ -317,8 +319,6 @@ def _records(
 
 def host_report(collect: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The packing host as `invoke doctor` sees it, without paths (disk location, CDI files) or image IDs."""
-    from draftscope.ops import doctor
-
     report = (collect or doctor.collect)()
     toolkit = report.get("toolkit") or {}
     return {
@@ -342,8 +342,6 @@ def host_report(collect: Callable[[], dict[str, Any]] | None = None) -> dict[str
 
 
 def _read_manifest(run: Path) -> dict[str, Any]:
-    from draftscope.core.jsonio import read_json
-
     if not (run / "manifest.json").is_file():
         hint = (
             "a pipeline workdir has no manifest: share the benchmark runs, or attach stages/*.json"

@@ -16,10 +16,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftscope.core.config import build
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
+from draftscope.core.presets import load_model_preset
 from draftscope.core.rundir import MANIFEST
 from draftscope.core.validate import Report, _add_file, _schema_problems, validate_run
+from draftscope.pipeline import plan as planning
+from draftscope.pipeline import registry
+from draftscope.pipeline.base import STAGES_DIR, Artifact
+from draftscope.pipeline.config import PipelineConfig, Resolved
+from draftscope.pipeline.state import RECORD_SCHEMA, fingerprint
 
 PIPELINE_FILE = "pipeline.json"  # pipeline.base.CONFIG_FILE, without importing the pipeline package here
 
@@ -34,10 +41,6 @@ def validate_path(path: Path, *, final: bool = False) -> Report:
 
 def validate_workdir(path: Path) -> Report:
     """Validate a pipeline workdir: records, outputs (hashes and schemas), results, the Slurm ledger and tasks."""
-    from draftscope.pipeline import registry
-    from draftscope.pipeline.base import STAGES_DIR, Artifact
-    from draftscope.pipeline.state import RECORD_SCHEMA, fingerprint
-
     path = Path(path).absolute()  # the plan's paths are absolute: outputs are shown relative to the workdir
     if not (path / PIPELINE_FILE).is_file():
         raise UserError(
@@ -109,12 +112,6 @@ def _unset_dropped(value: object) -> object:
 def _planned_outputs(path: Path) -> tuple[dict, str | None]:
     """Stage → output name → Artifact, from the plan rebuilt here with the workdir's frozen config (every stage,
     at this folder); ({}, the problem) when pipeline.json cannot be read or planned with this kit."""
-    from draftscope.core.config import build
-    from draftscope.core.presets import load_model_preset
-    from draftscope.pipeline import plan as planning
-    from draftscope.pipeline import registry
-    from draftscope.pipeline.config import PipelineConfig, Resolved
-
     try:
         doc = read_json(path / PIPELINE_FILE)
         frozen = _unset_dropped(doc.get("config") if isinstance(doc, dict) else None)

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError, run_main
+from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.provenance import versions
+from draftscope.core.schema import check
 from draftscope.pipeline import registry
 
 RESULT_SCHEMA_VERSION = 1
@@ -39,7 +42,6 @@ def write_result(
 ) -> None:
     if not path:
         return
-    from draftscope.core.provenance import versions
 
     save_result(
         Path(path),
@@ -57,9 +59,6 @@ def write_result(
 
 def save_result(path: Path, result: dict[str, Any]) -> None:
     """A stage's result file (a stage's own process, or the job after a Slurm job array), checked first."""
-    from draftscope.core.jsonio import atomic_write_json
-    from draftscope.core.schema import check
-
     check(result, RESULT_SCHEMA, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, result)

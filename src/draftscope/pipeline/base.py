@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from draftscope.core.hub import hub_cache_dir, hub_snapshot
 from draftscope.core.presets import ModelPreset
 from draftscope.pipeline.config import Instance, PipelineConfig
 from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount
+from draftscope.tiny.assets import assets_dir
 
 # Container paths besides the run directory (RUN_MOUNT) and the hub cache (CACHE_MOUNT).
 MODELS_MOUNT = "/draftscope/models"
@@ -175,8 +177,6 @@ def chat_file(ctx: StageContext) -> Path | None:
 
 
 def tiny_assets() -> Path:
-    from draftscope.tiny.assets import assets_dir
-
     return assets_dir()
 
 
@@ -327,8 +327,6 @@ def validate_instances(instances: Sequence[ResolvedInstance], gpu_count: int, wh
 
 def check_ports_free(instances: Sequence[ResolvedInstance], where: str, host: str = "127.0.0.1") -> None:
     """Before anything starts: every instance's port can be bound (nothing else listens there)."""
-    import socket
-
     for inst in instances:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             # As servers bind: connections of an earlier run in TIME_WAIT do not make the port busy.

@@ -31,6 +31,7 @@ from draftscope.pipeline.base import (
     scripts_dir,
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
+from draftscope.runtime import Context
 from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount, Step
 
 CHAT_MOUNT = f"{INPUTS_MOUNT}/chat.jsonl"
@@ -195,8 +196,6 @@ def plan_notes(ctx: StageContext) -> list[str]:
 
 def dry_run_lines(plan: PipelinePlan, runtime) -> list[str]:
     """Per stage: the image reference, the exact container command, and the processes that command starts."""
-    from draftscope.runtime import Context
-
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
     preset = plan.preset
     lines = [

@@ -21,16 +21,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock, so a workdir is not locked there
+    fcntl = None
+
 from draftscope.core.errors import UserError
+from draftscope.core.hardware import nvidia_gpus_present
 from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
 from draftscope.core.platforms import refusal
 from draftscope.core.provenance import command_line, kit_info, now
+from draftscope.core.schema import problems
 from draftscope.pipeline import state
-from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, StageContext
+from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, ResolvedInstance, StageContext, check_ports_free
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
 from draftscope.runtime import Context, Outcome, Runtime
 from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, Mount, Step
+from draftscope.tiny.assets import require_files
 
 Printer = Callable[[str], None]
 
@@ -87,8 +95,6 @@ def _produced_by_earlier(path: Path, produced: list[Path]) -> bool:
 def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) -> None:
     """Everything that can be refused before anything is written: unpinned targets, missing inputs (external,
     or produced by a stage that is neither selected nor completed), GPU stages without a GPU, missing images."""
-    from draftscope.core.hardware import nvidia_gpus_present
-
     ctx = plan.context
     preset = plan.preset
     if preset.hub is not None and plan.config.model_path is None:
@@ -96,8 +102,6 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
     if plan.config.model_path is not None and not Path(plan.config.model_path).is_dir():
         raise UserError("model_path is not a folder", field="model_path", value=plan.config.model_path)
     if preset.source == "kit":
-        from draftscope.tiny.assets import require_files
-
         require_files(preset)
     for sp in plan.stages:
         reason = not_built(sp, ctx) or engine_refusal(sp, preset.source)
@@ -158,8 +162,6 @@ def stage_preconditions(sp: StagePlan, ctx: StageContext) -> None:
         )
     servers = [c for c in sp.commands if c.port is not None]
     if servers:
-        from draftscope.pipeline.base import ResolvedInstance, check_ports_free
-
         check_ports_free(
             [ResolvedInstance(i, c.gpus, max(1, len(c.gpus)), c.port) for i, c in enumerate(servers)],
             f"{sp.stage.name}.instances",
@@ -195,9 +197,7 @@ LOCK_FILE = ".draftscope.lock"
 def workdir_lock(workdir: Path) -> Iterator[None]:
     """One invocation at a time on a workdir: a second one is refused (two would write the same rows and
     records). An OS lock (`flock`), released whatever ends the process; where there is none (Windows), no lock."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
+    if fcntl is None:  # pragma: no cover - Windows
         yield
         return
     workdir.mkdir(parents=True, exist_ok=True)
@@ -344,8 +344,6 @@ def run_stage(
 
 def _check_outputs(sp: StagePlan) -> str | None:
     """Every declared output exists and every schema'd one validates; the first problem, else None."""
-    from draftscope.core.schema import problems
-
     absent = state.missing(sp.outputs)
     if absent:
         return f"output {absent[0].name} missing at {absent[0].path}"

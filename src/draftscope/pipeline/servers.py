@@ -30,6 +30,7 @@ from types import FrameType
 from typing import Any
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
 from draftscope.pipeline.base import Command
 
 HOST = "127.0.0.1"
@@ -40,8 +41,6 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429})
 
 def load_commands(path: str | Path) -> list[Command]:
     """The commands file the host wrote for this stage."""
-    from draftscope.core.jsonio import read_json
-
     data = read_json(Path(path))
     try:
         return [

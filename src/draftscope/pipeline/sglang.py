@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.schema import problems
 from draftscope.pipeline import servers
 from draftscope.pipeline.base import Command
 
@@ -167,9 +169,6 @@ def logs_dir(args: argparse.Namespace) -> Path:
 
 def write_checked(path: Path, obj: dict[str, Any], schema: str) -> None:
     """Validate, then write atomically: an invalid file is never written."""
-    from draftscope.core.jsonio import atomic_write_json
-    from draftscope.core.schema import problems
-
     found = problems(obj, schema)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import re
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from draftscope.core.platforms import host_user
 from draftscope.runtime.step import Step
 
 # Variables a step may receive from the host environment, by name, besides the step's own. Credentials are
@@ -37,7 +39,6 @@ def die_with_parent() -> Callable[[], None] | None:
     passes the signal to its container. None where the kernel has no such request (not Linux)."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
 
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -55,8 +56,6 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 def _host_user() -> tuple[int, int]:
-    from draftscope.core.platforms import host_user
-
     return host_user()
 
 

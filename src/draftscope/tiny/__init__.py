@@ -16,6 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from draftscope.core.errors import UserError
 from draftscope.core.presets import load_model_preset
 from draftscope.tiny import builder
@@ -30,6 +33,7 @@ from draftscope.tiny.assets import (
     require_files,
 )
 from draftscope.tiny.builder import DRAFT_STEPS, TARGET_STEPS, build, compare
+from draftscope.tiny.models import parameter_count
 
 __all__ = [
     "DRAFT_STEPS",
@@ -66,7 +70,6 @@ def check_lines() -> list[str]:
     tokenizer = load_tokenizer(preset=preset, verify=False)
     target = load_target(preset=preset, verify=False)
     draft = load_draft(preset=preset, verify=False)
-    from draftscope.tiny.models import parameter_count
 
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True
@@ -135,9 +138,6 @@ def report_lines(record: dict[str, Any]) -> tuple[list[str], bool]:
 @contextlib.contextmanager
 def progress_display() -> Iterator[Any]:
     """A rich progress bar per training phase; yields the callback `build` takes."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     console = Console(stderr=True)
     if not console.is_terminal:
         # Piped or under nohup: a line per tenth of each phase instead of a live bar.

@@ -79,6 +79,7 @@ def load_tokenizer(
 ) -> Any:
     """The tiny tokenizer (chat template included) via `AutoTokenizer.from_pretrained`, offline."""
     folder = _checked(folder, preset, verify)
+    # lazy: transformers, only when the tokenizer is loaded
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
@@ -117,6 +118,7 @@ def _checked(folder: Path | None, preset: ModelPreset | None, verify: bool) -> P
 
 
 def _load_model(sub: str, device: str, dtype: Any, folder: Path) -> Any:
+    # lazy: torch and transformers, only when a model is loaded
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -139,6 +141,7 @@ def _load_model(sub: str, device: str, dtype: Any, folder: Path) -> Any:
 @contextlib.contextmanager
 def quiet_progress() -> Iterator[None]:
     """No transformers progress bars while loading or saving a one-shard model of a few MB."""
+    # lazy: transformers, only around a load or a save
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()

@@ -19,12 +19,18 @@ import platform
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from draftscope.core.errors import UserError
+from draftscope.core.errors import MissingDependency, UserError
 from draftscope.core.jsonio import atomic_write_json, sha256_file
 from draftscope.core.resources import examples_dir
+from draftscope.tiny import corpus as corpus_mod
+from draftscope.tiny import models
+from draftscope.tiny.assets import DRAFT_DIR, TARGET_DIR, _load_model, quiet_progress
+from draftscope.tiny.preset_file import write_kit_model
+from draftscope.tiny.tokenizer import ENDOFTEXT, save_tokenizer, special_token_ids, train_tokenizer, wrap
 
 log = logging.getLogger("draftscope.tiny")
 
@@ -60,18 +66,14 @@ def build(
     The record holds every file's SHA-256 (relative to `output_dir`), the settings, the measured figures and the
     seconds each phase took; it is also written to `output_dir/build-record.json`.
     """
+    # lazy: tokenizers, torch and transformers, only when the models are built
     try:
         import tokenizers
         import torch
         import transformers
     except ImportError as exc:
-        from draftscope.core.errors import MissingDependency
-
         raise MissingDependency(exc.name or "torch", extra="local", image="transformers") from None
-    from draftscope.tiny import corpus as corpus_mod
-    from draftscope.tiny import models, train
-    from draftscope.tiny.assets import DRAFT_DIR, TARGET_DIR
-    from draftscope.tiny.tokenizer import ENDOFTEXT, save_tokenizer, special_token_ids, train_tokenizer, wrap
+    from draftscope.tiny import train  # lazy: torch, only during a build
 
     for name, value in (("target_steps", target_steps), ("draft_steps", draft_steps), ("threads", threads)):
         if value < 1:
@@ -186,8 +188,6 @@ def compare(record: dict[str, Any], shipped: dict[str, str]) -> list[dict[str, A
 
 def install(output_dir: Path, record: dict[str, Any], *, assets: Path, preset_path: Path) -> None:
     """Copy a build's files over the shipped assets and record their hashes and figures in the preset."""
-    from draftscope.tiny.preset_file import write_kit_model
-
     output_dir = Path(output_dir)
     for rel, sha in record["files"].items():
         if sha256_file(output_dir / rel) != sha:
@@ -203,6 +203,7 @@ def install(output_dir: Path, record: dict[str, Any], *, assets: Path, preset_pa
 
 def _measure(folder: Path, val_stream: Any, tokenizer: Any, threads: int) -> dict[str, Any]:
     """Figures of the files as shipped (bf16 weights, computed in fp32)."""
+    # lazy: torch, only during a build
     from draftscope.tiny import train
 
     target = _reload(folder / "target")
@@ -242,9 +243,8 @@ def _measure(folder: Path, val_stream: Any, tokenizer: Any, threads: int) -> dic
 
 
 def _save(model: Any, folder: Path) -> None:
+    # lazy: torch, only during a build
     import torch
-
-    from draftscope.tiny.assets import quiet_progress
 
     with quiet_progress():
         # Stored in bf16: half the bytes, and no measured figure changed (docs/upstream-facts.md).
@@ -253,8 +253,6 @@ def _save(model: Any, folder: Path) -> None:
 
 
 def _reload(folder: Path) -> Any:
-    from draftscope.tiny.assets import _load_model
-
     return _load_model("", "cpu", "float32", folder)
 
 
@@ -270,6 +268,4 @@ def _fresh_dir(path: Path) -> Path:
 
 
 def _settings_dict(settings: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return asdict(settings)

@@ -47,6 +47,7 @@ DRAFT = Geometry(
 
 def qwen3_config(geometry: Geometry, *, initializer_range: float = 0.02) -> Any:
     """A `Qwen3Config` for `geometry`: tied embeddings, no sliding window, special-token ids of the tokenizer."""
+    # lazy: transformers; `draftscope.tiny` imports without it
     from transformers import Qwen3Config
 
     endoftext, _im_start, im_end, _mask = range(len(SPECIAL_TOKENS))
@@ -71,6 +72,7 @@ def qwen3_config(geometry: Geometry, *, initializer_range: float = 0.02) -> Any:
 
 def new_model(geometry: Geometry, *, seed: int, initializer_range: float = 0.02) -> Any:
     """A freshly initialised `Qwen3ForCausalLM` (fp32), its weights fixed by `seed`."""
+    # lazy: torch and transformers; `draftscope.tiny` imports without them
     import torch
     from transformers import Qwen3ForCausalLM
 

@@ -34,6 +34,7 @@ CHAT_TEMPLATE = (
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE) -> Any:
     """A byte-level BPE `tokenizers.Tokenizer` trained on `texts` (deterministic for the same texts)."""
+    # lazy: tokenizers, only when a tokenizer is trained
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -53,6 +54,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE) -> Any:
 
 def wrap(tok: Any) -> Any:
     """The transformers tokenizer around a trained `tokenizers.Tokenizer`, chat template attached."""
+    # lazy: transformers, only when a trained tokenizer is wrapped
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.hardware import dtype_for_capability
 from draftscope.core.presets import ExperimentConfig
 
 
@@ -33,7 +34,6 @@ def choose_dtype(requested: str, device: str, capability: tuple[int, int] | None
         return requested
     if device == "cpu":
         return "float32"
-    from draftscope.core.hardware import dtype_for_capability
 
     if capability is None:
         return "float16"

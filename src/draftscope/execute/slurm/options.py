@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jsonschema import Draft202012Validator
+
 from draftscope.core.errors import UserError
+from draftscope.core.schema import get_schema
 
 EXECUTORS = ("local", "slurm")
 NAMES = ("partition", "account", "qos")
@@ -49,10 +52,6 @@ def executor_flags(executor: str, **flags: str | None) -> dict[str, Any]:
 
 def check_names(flags: Mapping[str, Any]) -> None:
     """--partition, --account and --qos by the pipeline config's rule for Slurm names."""
-    from jsonschema import Draft202012Validator
-
-    from draftscope.core.schema import get_schema
-
     rule = get_schema("pipeline-config")["$defs"]["slurm_name"]
     validator = Draft202012Validator(rule)
     for name in NAMES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,8 +13,6 @@ from draftscope.ops.images.lockfile import kit_wheel_name, record_wheel
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m draftscope.ops.images record-wheel [DIST]`: the step of `make dist` that records the wheel's hash."""
-    import sys
-
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] != "record-wheel" or len(args) > 2:
         print("usage: python -m draftscope.ops.images record-wheel [DIST_DIR]", file=sys.stderr)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from draftscope import __version__
+from draftscope.core import schema
 from draftscope.core.errors import UserError
 from draftscope.core.images import (
     IMAGES,
@@ -65,7 +67,6 @@ def record_wheel(root: Path, dist: Path | None = None) -> tuple[str, bool]:
     wheel = (dist or root / DIST_DIR) / kit_wheel_name()
     if not wheel.is_file():
         raise UserError(f"{wheel} does not exist", fix="build it with `make dist`")
-    from draftscope.core import schema
 
     path = lock_path(root)
     try:  # not load_lock: a lock that predates wheel_sha256 is valid only once it has one
@@ -183,8 +184,6 @@ def consistency_problems(root: Path | None = None, lock: Mapping[str, Any] | Non
 
 def kit_dependencies(root: Path) -> list[str]:
     """The kit's `[project.dependencies]`: every image installs the kit with --no-deps, so its lock needs them."""
-    import tomllib
-
     with open(root / "pyproject.toml", "rb") as fh:
         return list(tomllib.load(fh)["project"]["dependencies"])
 

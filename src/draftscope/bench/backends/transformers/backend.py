@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from draftscope import tiny
 from draftscope.bench.backends.common import choose_dtype, need
 from draftscope.bench.backends.transformers import BACKEND
 from draftscope.core.errors import UserError
@@ -42,8 +43,6 @@ class TransformersBackend:
         dtype = getattr(torch, dtype_name)
         torch.manual_seed(config.seed)
         if preset.source == "kit" and config.model is None:
-            from draftscope import tiny
-
             self.tokenizer = tiny.load_tokenizer()
             self.model = tiny.load_target(device=device, dtype=dtype)
             target_desc = "tiny (kit-built)"
@@ -54,8 +53,6 @@ class TransformersBackend:
             target_desc = ref.display()
         if config.draft is not None:
             if config.draft == "tiny":
-                from draftscope import tiny
-
                 self.draft = tiny.load_draft(device=device, dtype=dtype)
             else:
                 _, self.draft = _from_hub(config.draft, config.draft_revision, device, dtype)
@@ -63,6 +60,7 @@ class TransformersBackend:
         self.head = self.capture = None
         head = config.head
         if self.draft is not None and (head.policy != "dense" or head.shadow or head.capture):
+            # lazy: torch, only for a certified, shadowed or captured head
             from draftscope.head.runtime import Capture, CertifiedHead, check_dense_head
 
             check_dense_head(self.model)
@@ -107,6 +105,7 @@ class TransformersBackend:
         return [int(i) for i in ids]
 
     def generate(self, input_ids: list[int], *, max_new_tokens: int, ignore_eos: bool):
+        # lazy: torch and transformers, in the backend's image at run time
         from draftscope import decode
 
         kwargs = {
@@ -132,6 +131,7 @@ class TransformersBackend:
     def finish(self, run_dir) -> None:
         """Write the captured verification calls (`--capture-head N`) for `invoke head-study`."""
         if self.capture is not None and self.capture.calls:
+            # lazy: torch and safetensors, only when the head's calls were captured
             from draftscope.head.capture import write_capture
 
             write_capture(run_dir, self.capture, self.model.lm_head.weight.dtype)

@@ -290,6 +290,7 @@ class VllmBackend:
         return [int(i) for i in ids]
 
     def generate(self, input_ids: list[int], *, max_new_tokens: int, ignore_eos: bool):
+        # lazy: torch and transformers, in the vLLM image at run time
         from draftscope.decode import Generation
 
         params = _symbol("SamplingParams")(

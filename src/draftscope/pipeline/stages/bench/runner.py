@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import JsonlAppender, read_json
+from draftscope.core.schema import check
 from draftscope.pipeline import servers, sglang
 from draftscope.pipeline.base import Command
 
@@ -86,8 +88,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     output.parent.mkdir(parents=True, exist_ok=True)
     rows_path = output.parent / "requests.jsonl"
     rows_path.unlink(missing_ok=True)  # a rerun measures again from scratch
-
-    from draftscope.core.jsonio import JsonlAppender
 
     with (
         servers.serving(
@@ -293,6 +293,7 @@ def _scrape(group: servers.ServerGroup, index: int) -> tuple[float | None, dict[
 
 def _sglang_samples(text: str) -> dict[str, float]:
     """Every finite `sglang:*` sample of a Prometheus text exposition as {"name{k="v",…}": value}, labels sorted."""
+    # lazy: prometheus_client, in the image only, for SGLang's metrics
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
@@ -310,9 +311,6 @@ def _escape(value: str) -> str:
 
 
 def _load_prompts(path: str) -> list[dict[str, Any]]:
-    from draftscope.core.jsonio import read_json
-    from draftscope.core.schema import check
-
     data = read_json(Path(path))
     check(data, "prompts", path)
     ids = [p["id"] for p in data["prompts"]]

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_json, sha256_file
+from draftscope.core.schema import check
 
 REPORT = "draftscope-convert.json"
 WEIGHTS = "model.safetensors"
@@ -443,9 +445,6 @@ def pick_epoch(checkpoints: Path, epoch: str | int) -> Path:
 
 def convert(checkpoint: Path, output: Path, expected: Expected) -> dict[str, Any]:
     """Check `checkpoint`, write the SGLang draft folder `output` (replaced whole), re-read and check it."""
-    from draftscope.core.jsonio import atomic_write_json, sha256_file
-    from draftscope.core.schema import check
-
     config = read_config(checkpoint)
     tensors = safetensors_header(checkpoint / WEIGHTS)
     checks = check_checkpoint(config, tensors, expected, str(checkpoint / "config.json"))

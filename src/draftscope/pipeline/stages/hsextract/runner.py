@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.schema import check
+from draftscope.pipeline.servers import clients_of, load_commands, run_clients, serving
 
 SAMPLED_FILES = 8
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -62,6 +65,7 @@ def client_rows(commands: Sequence[Any], total: int) -> int | list[int]:
 
 
 def dataset_rows(path: Path) -> int:
+    # lazy: datasets, in the train image only
     try:
         from datasets import load_from_disk
     except ImportError as exc:
@@ -74,6 +78,7 @@ def check_files(
 ) -> tuple[int, int, str]:
     """(files, hidden size, dtype) after checking: no row without its file, and sampled files' shapes. `rows`: the
     dataset's row count (every row; files counts every file in `output`), or the rows to check (files counts theirs)."""
+    # lazy: safetensors, in the image only
     from safetensors import safe_open
 
     wanted = range(rows) if isinstance(rows, int) else list(rows)
@@ -111,8 +116,6 @@ def check_files(
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    from draftscope.pipeline.servers import clients_of, load_commands, run_clients, serving
-
     commands = load_commands(args.commands)
     logs = Path(args.logs) if args.logs else Path(args.commands).parent.parent / "logs"
     output = Path(args.output)
@@ -160,9 +163,6 @@ def write_summary(
     path: Path, rows: int, files: int, layer_ids: list[int], hidden: int, extractor: str, dtype: str
 ) -> None:
     """The stage's summary (schema `stage-hsextract`), as a single run and the check after a job array write it."""
-    from draftscope.core.jsonio import atomic_write_json
-    from draftscope.core.schema import check
-
     summary = {
         "schema_version": 1,
         "rows": rows,

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.schema import check
 from draftscope.pipeline.stages.hsextract.runner import block
 
 
@@ -41,6 +43,7 @@ def extract(
     model: Any, rows: Iterable[tuple[int, Sequence[int]]], output: Path, layer_ids: Sequence[int], dtype: str
 ) -> dict[str, int]:
     """Write one file per row not already present; return counts (rows seen, files written, skipped)."""
+    # lazy: torch and safetensors, in the train image only
     import torch
     from safetensors.torch import save_file
 
@@ -89,6 +92,7 @@ def prepared_rows(
 ) -> Iterator[tuple[int, list[int]]]:
     """(row index, input_ids) of a speculators prepare-data folder (a `datasets.save_to_disk` dataset); with
     `world_size` and `rank`, only that rank's block."""
+    # lazy: datasets, in the train image only
     try:
         from datasets import load_from_disk
     except ImportError as exc:
@@ -114,9 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    from draftscope.core.jsonio import atomic_write_json
-    from draftscope.core.schema import check
-
+    # lazy: torch and transformers, in the train image only
     try:
         import torch
         from transformers import AutoModelForCausalLM

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftscope.core.errors import UserError
+from draftscope.core.errors import MissingDependency, UserError
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, iter_jsonl
+from draftscope.core.schema import check
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -101,8 +103,6 @@ def tokenize_row(
 
 
 def read_rows(path: Path, max_rows: int | None) -> Iterator[dict[str, Any]]:
-    from draftscope.core.jsonio import iter_jsonl
-
     seen: set[str] = set()
     for number, row in iter_jsonl(path):
         if not isinstance(row, dict) or "id" not in row:
@@ -160,8 +160,6 @@ def pretokenize(
     tokenizer_path: str = "",
 ) -> dict[str, Any]:
     """Write one `{id, input_ids, loss_mask}` line per kept row; return the statistics (schema-shaped)."""
-    from draftscope.core.jsonio import JsonlAppender
-
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         raise UserError(
@@ -205,10 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     """In the train image (or --runtime local): load the tokenizer offline, tokenize, write rows and stats."""
-    from draftscope.core.errors import MissingDependency
-    from draftscope.core.jsonio import atomic_write_json
-    from draftscope.core.schema import check
-
+    # lazy: transformers, in the train image only
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:

@@ -33,6 +33,7 @@ from typing import Any
 
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, repair_tail
+from draftscope.pipeline.servers import HttpError, load_commands, request, retryable, serving, url_of
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
@@ -207,8 +208,6 @@ def complete(
     on_retry: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, Any], int]:
     """POST a chat completion with retries; returns (response, attempts) or raises RowFailed."""
-    from draftscope.pipeline.servers import HttpError, request, retryable
-
     attempt = 0
     while True:
         status: int | None
@@ -381,8 +380,6 @@ def shard_rows(rows: Sequence[Row], shard: int | None, shards: int | None) -> li
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    from draftscope.pipeline.servers import load_commands, serving, url_of
-
     out_dir = Path(args.output_dir)
     commands = load_commands(args.commands)
     logs = Path(args.logs) if args.logs else Path(args.commands).parent.parent / "logs"

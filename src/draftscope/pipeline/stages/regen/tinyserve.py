@@ -31,6 +31,7 @@ class TinyChatModel:
     """Loads the model and tokenizer once; `chat()` answers one conversation."""
 
     def __init__(self, model: str, tokenizer: str, threads: int | None = None) -> None:
+        # lazy: torch and transformers, only when the server starts
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

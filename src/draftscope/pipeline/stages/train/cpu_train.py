@@ -17,10 +17,12 @@ from draftscope.core.errors import MissingDependency, UserError, run_main
 
 
 def patch() -> None:
+    # lazy: torch, in the train image only
     import torch
 
     if torch.cuda.is_available():
         raise UserError("the CPU shim is for machines without CUDA", fix="train with torchrun (device: cuda)")
+    # lazy: speculators, in the train image only
     try:
         from speculators.train import trainer
     except ImportError as exc:
@@ -43,6 +45,7 @@ def patch() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     patch()
+    # lazy: speculators, in the train image only
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 
