@@ -139,7 +139,13 @@ def plan_steps(demo: Demo) -> list[Step]:
         Step(
             "analyze",
             "analyze the benchmark runs, write the report",
-            invoke("analyze", ",".join(map(str, runs)), "--report", str(r("report"))),
+            invoke(
+                "analyze",
+                str(runs[0]),
+                *(w for run in runs[1:] for w in ("--run", str(run))),
+                "--report",
+                str(r("report")),
+            ),
         ),
         Step(
             "compare-speculative",
