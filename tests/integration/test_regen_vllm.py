@@ -149,7 +149,11 @@ def killed_then_rerun(tmp_path_factory):
 
 
 def test_the_rerun_after_a_kill_accounts_for_every_row_once(killed_then_rerun):
-    workdir, rerun, before = killed_then_rerun["workdir"], killed_then_rerun["rerun"], killed_then_rerun["before"]
+    workdir, rerun, before = (
+        killed_then_rerun["workdir"],
+        killed_then_rerun["rerun"],
+        killed_then_rerun["before"],
+    )
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert KILL_AFTER <= len(before) < ROWS, before  # killed midway
     ids = output_ids(workdir)
@@ -175,8 +179,10 @@ def test_the_rows_were_served_by_vllm_on_the_staged_tiny_target(killed_then_reru
     assert server["argv"][server["argv"].index("--model") + 1] == str(staged)
     assert server["env"] == {} and server["gpus"] == []
     log = (workdir / "logs" / "regen.server-0.log").read_text()
-    assert "Initializing a V1 LLM engine" in log and "device_config=cpu" in log  # vLLM's own engine, on the CPU
-    assert f"model='{staged}'" in log and "POST /v1/chat/completions HTTP/1.1\" 200" in log
+    assert (
+        "Initializing a V1 LLM engine" in log and "device_config=cpu" in log
+    )  # vLLM's own engine, on the CPU
+    assert f"model='{staged}'" in log and 'POST /v1/chat/completions HTTP/1.1" 200' in log
     # the staged folder: the shipped files byte for byte, kept (not copied again) by the rerun
     files = expected_files()
     assert {p.name: p.stat().st_mtime_ns for p in staged.iterdir()} == killed_then_rerun["staged_before"]
