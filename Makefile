@@ -50,7 +50,7 @@ demo: setup train-env
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # The container, contract, reliability and Slurm tiers have their own targets; gpu tests skip without CUDA.
 test: setup lint
-	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm and not vllm" $(PYTEST_ARGS)
 
 # The fast tier: the unit tests that need no torch (pure Python: planning, argv, schemas, configs, records), spread
 # over the cores. The torch-backed unit tests (the head's kernels and properties, the decode loop) run in `make test`.
@@ -66,6 +66,9 @@ test-container: setup dist
 # Upstream flags, config keys and lock files against the pinned releases (downloads wheels; needs the index).
 test-contract: setup
 	$(BIN)/python -m pytest -m contract $(PYTEST_ARGS)
+
+test-vllm: setup train-env
+	$(TRAIN_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
 # Fault injection (kills, a full disk, concurrent runs), the bad-input corpus and planted secrets, with the figures
 # (`invoke reliability`). Root mounts a small tmpfs for the full-disk faults; the train faults use .venv-train.

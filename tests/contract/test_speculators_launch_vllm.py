@@ -1,26 +1,23 @@
 """Contract: hidden-state extraction and regeneration servers — speculators' `scripts/launch_vllm.py`, the vLLM 0.33.0
 flags behind it and behind `vllm serve`, and torchrun's launcher flags.
 
-`launch_vllm.py` is not in the speculators wheel: the train image clones the repository (images/train/Dockerfile).
-It is read here at `SCRIPTS_COMMIT`, the newest commit of vllm-project/speculators available to the kit when this was
-written (main, 2026-08-20; the v0.9.0 tag, released 2026-10-15, was not in that snapshot), and checked by its git
-blob hash. It is looked for in the release cache (`<cache>/speculators-<commit>/scripts/launch_vllm.py`, which can
-be filled by hand), else downloaded from GitHub at that commit. vLLM is read from its pinned wheel. Nothing is
-imported.
+`launch_vllm.py` is not in the speculators wheel: the train image clones the repository (images/train/Dockerfile,
+tag v0.9.0, commit not yet pinned). The test reads a verbatim copy vendored at `SCRIPTS_COMMIT`
+(`tests/fixtures/upstream/speculators/scripts/launch_vllm.py`; origin, licence and why this commit in
+`tests/fixtures/upstream/README.md`), checked by its git blob hash, so it never needs the network. vLLM is read from
+its pinned wheel. Nothing is imported.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import re
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from releases import Release, ReleaseUnavailable, cache_dir, release_wheel
+from releases import Release, ReleaseUnavailable, release_wheel
 
 from draftscope.bench.backends.vllm.backend import PINNED_VERSION as VLLM_VERSION
 from draftscope.core.presets import load_model_preset, model_preset_names
@@ -34,7 +31,9 @@ SCRIPTS_COMMIT = "c05b95b303f7d4f21e8d7624e0ffa1c2d9b4d73b"
 LAUNCH_VLLM_BLOB = (
     "4898bfb7c1d4dd9761bf8676f2cf112dfa0a1c54"  # `git rev-parse <commit>:scripts/launch_vllm.py`
 )
-RAW = "https://raw.githubusercontent.com/vllm-project/speculators/{commit}/scripts/launch_vllm.py"
+ROOT = Path(__file__).resolve().parent.parent.parent
+UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
+LAUNCH_VLLM = UPSTREAM / "speculators" / "scripts" / "launch_vllm.py"
 VLLM_PLATFORM = "manylinux_2_28_x86_64"
 
 
@@ -44,22 +43,26 @@ def _git_blob(data: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def launch_vllm() -> ast.Module:
-    path = cache_dir() / f"speculators-{SCRIPTS_COMMIT}" / "scripts" / "launch_vllm.py"
-    if not path.is_file():
-        try:
-            data = urllib.request.urlopen(RAW.format(commit=SCRIPTS_COMMIT), timeout=30).read()
-        except OSError as exc:
-            # The script is not in any wheel; a machine that reaches only the package index cannot get it. CI there
-            # skips (and says so); DRAFTSCOPE_CONTRACT_STRICT=1 turns the skip into a failure.
-            message = f"could not get launch_vllm.py at {SCRIPTS_COMMIT} ({exc}); put it at {path}"
-            if os.environ.get("DRAFTSCOPE_CONTRACT_STRICT"):
-                pytest.fail(message)
-            pytest.skip(message)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    data = path.read_bytes()
-    assert _git_blob(data) == LAUNCH_VLLM_BLOB, f"{path} is not launch_vllm.py at {SCRIPTS_COMMIT}"
+    data = LAUNCH_VLLM.read_bytes()
+    assert _git_blob(data) == LAUNCH_VLLM_BLOB, (
+        f"{LAUNCH_VLLM} is not launch_vllm.py at {SCRIPTS_COMMIT} (git blob {_git_blob(data)}); vendor it again "
+        "as tests/fixtures/upstream/README.md says"
+    )
     return ast.parse(data.decode("utf-8"))
+
+
+def test_the_vendored_script_is_the_one_the_train_image_uses_and_is_documented():
+    """The train image clones speculators at a tag whose commit is not pinned yet; once `invoke images.lock` pins
+    it (SPECULATORS_COMMIT), the vendored copy must come from that commit."""
+    dockerfile = (ROOT / "images" / "train" / "Dockerfile").read_text(encoding="utf-8")
+    pinned = re.search(r"^ARG SPECULATORS_COMMIT=(\S*)$", dockerfile, re.M)
+    assert pinned is not None, "images/train/Dockerfile declares no SPECULATORS_COMMIT"
+    assert pinned.group(1) in ("", SCRIPTS_COMMIT), (
+        f"the train image pins speculators {pinned.group(1)}, the vendored launch_vllm.py is from {SCRIPTS_COMMIT}:"
+        " vendor it again at the pinned commit (tests/fixtures/upstream/README.md)"
+    )
+    readme = (UPSTREAM / "README.md").read_text(encoding="utf-8")
+    assert SCRIPTS_COMMIT in readme and LAUNCH_VLLM_BLOB in readme and "Apache-2.0" in readme
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +213,16 @@ def vllm_args_of(stage: str) -> Iterator[tuple[str, str, list[str]]]:
     for preset, draft, argv in commands(stage, prefix):
         if stage == "hsextract":
             yield preset, draft, argv[argv.index("--") + 1 :]
-        elif argv[:2] == ["vllm", "serve"]:  # the tiny preset's CPU path runs the kit's own loopback server
+        elif argv[:2] == ["vllm", "serve"]:  # the tiny preset's default CPU path runs the kit's own stand-in
             yield preset, draft, argv[3:]
+    if stage == "regen":
+        # the tiny preset with regen.server=vllm: vLLM's OpenAI server module on the CPU backend (`--model DIR`
+        # instead of the positional model; the same engine arguments)
+        resolved = load_pipeline_config(preset="tiny", opts=["regen.server=vllm"])
+        plan = planning.build(resolved, registry.select(stage), Path("/tmp/w"), "local")
+        (server,) = plan.stages[0].commands
+        assert list(server.argv[:3]) == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+        yield "tiny", "regen.server=vllm", list(server.argv[3:])
 
 
 @pytest.mark.parametrize("stage", ["regen", "hsextract"])

@@ -53,6 +53,9 @@ class RegenOptions:
     request_timeout_s: float = 600.0
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
+    # The target's server: vLLM's OpenAI server, or the kit's stand-in (`tinyserve`, the CPU fast path). Default:
+    # vllm on a GPU, tinyserve on a CPU; `vllm` on a CPU runs vLLM's CPU backend (docs/pipeline.md).
+    server: Literal["vllm", "tinyserve"] | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,14 @@ def check(config: PipelineConfig, preset: ModelPreset, source: str) -> None:
             source=source,
             field="model_path",
             value=config.model_path,
+        )
+    if config.regen.server == "tinyserve" and config.device != "cpu":
+        raise UserError(
+            "the stand-in server serves a small model on a CPU only",
+            source=source,
+            field="regen.server",
+            value="tinyserve",
+            fix="use regen.server=vllm (the default on a GPU), or device: cpu with the tiny preset",
         )
     for stage, options in config.slurm.stages.items():
         if options.nodes not in (None, 1) and stage != "train":

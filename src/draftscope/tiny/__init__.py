@@ -31,6 +31,7 @@ from draftscope.tiny.assets import (
     load_target,
     load_tokenizer,
     require_files,
+    stage_for_vllm,
 )
 from draftscope.tiny.builder import DRAFT_STEPS, TARGET_STEPS, build, compare
 from draftscope.tiny.models import parameter_count
@@ -51,6 +52,7 @@ __all__ = [
     "progress_display",
     "report_lines",
     "require_files",
+    "stage_for_vllm",
 ]
 
 

@@ -8,6 +8,8 @@ fetched from a hub. A mismatch is an error that names the file; the kit never re
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,9 @@ from draftscope.core.presets import ModelPreset, load_model_preset
 PRESET = "tiny"
 TARGET_DIR = "target"
 DRAFT_DIR = "draft"
+# What a serving engine (vLLM) reads beside the weights: it loads the tokenizer and the chat template from the
+# model folder itself, while the shipped layout keeps them once, beside `target/` and `draft/`.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 REBUILD_FIX = (
     "run `invoke tiny.build` to rebuild the tiny models and compare, then `invoke tiny.build --install` "
     "to replace the shipped files"
@@ -72,6 +77,70 @@ def require_files(preset: ModelPreset | None = None, *, folder: Path | None = No
             + "; ".join(problems),
             fix=REBUILD_FIX,
         )
+
+
+def stage_for_vllm(dest: Path, which: str = "target") -> Path:
+    """A folder a vLLM server loads as `--model`: the shipped tiny target (or draft) plus the tokenizer files.
+
+    Every shipped file is checked against its recorded SHA-256 first. A file already in `dest` with the expected
+    hash is kept (so a rerun or a second engine reuses the folder); one that differs is refused, never
+    overwritten. Each copy lands under a temporary name and is renamed into place once its hash is checked, so a
+    kill leaves no half-written weights behind. Returns `dest`.
+    """
+    subs = (TARGET_DIR, DRAFT_DIR)
+    if which not in subs:
+        raise UserError(
+            "unknown tiny model", field="which", value=which, fix=f"use one of: {', '.join(subs)}"
+        )
+    preset = load_model_preset(PRESET)
+    require_files(preset)
+    expected = expected_files(preset)
+    wanted = {rel: rel.split("/", 1)[1] for rel in expected if rel.startswith(f"{which}/")}
+    wanted.update({name: name for name in TOKENIZER_FILES})
+    missing = sorted(rel for rel in wanted if rel not in expected)
+    if missing:
+        raise UserError(
+            f"the preset records no SHA-256 for {', '.join(missing)}",
+            source=preset.path or preset.name,
+            field="kit_model.files",
+            fix="run `invoke tiny.build --install`",
+        )
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise UserError(
+            "the vLLM model folder is not a directory",
+            field="dest",
+            value=str(dest),
+            fix="name a new or existing folder",
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel, name in sorted(wanted.items()):
+        _stage_file(assets_dir() / rel, dest / name, expected[rel])
+    return dest
+
+
+def _stage_file(source: Path, target: Path, sha: str) -> None:
+    if target.exists():
+        actual = sha256_file(target) if target.is_file() else "not a file"
+        if actual != sha:
+            raise UserError(
+                f"{target} already exists and differs from the shipped {source.name} (SHA-256 {actual[:16]}…, "
+                f"expected {sha[:16]}…)",
+                field="dest",
+                value=str(target.parent),
+                fix="stage into a new folder, or remove the stale file yourself",
+            )
+        return
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    shutil.copyfile(source, partial)
+    actual = sha256_file(partial)
+    if actual != sha:
+        partial.unlink()
+        raise UserError(
+            f"copying {source} to {target} gave SHA-256 {actual[:16]}…, expected {sha[:16]}…",
+            fix="check the disk holding the destination, then stage again",
+        )
+    os.replace(partial, target)
 
 
 def load_tokenizer(

@@ -428,3 +428,70 @@ def test_the_tiny_preset_defaults_to_the_cpu_path():
     assert "--no-resume-from-checkpoint" in train
     assert stage_plan(plan, "hsextract").step.argv[3] == "hsextract-transformers"
     assert all(sp.step.gpus == 0 for sp in plan.stages)
+
+
+# --- regen's server on a CPU: the stand-in (fast path) or vLLM's CPU backend --------------------------------------
+
+
+def regen_server(plan):
+    (server,) = stage_plan(plan, "regen").commands
+    return server
+
+
+def test_tiny_regen_defaults_to_the_stand_in_and_stages_nothing(tmp_path):
+    plan = build("tiny", stage="regen", runtime="local", workdir=str(tmp_path / "w"))
+    server = regen_server(plan)
+    assert list(server.argv[:4]) == ["python", "-m", "draftscope.pipeline", "tinyserve"]
+    assert "--stage-tiny-target" not in stage_plan(plan, "regen").step.argv
+    assert any("stand-in" in note and "regen.server=vllm" in note for note in stage_plan(plan, "regen").notes)
+
+
+def test_tiny_regen_on_vllm_serves_the_staged_target_with_the_gpu_flags_that_apply(tmp_path):
+    from draftscope.pipeline.stages import regen
+
+    workdir = tmp_path / "w"
+    plan = build("tiny", stage="regen", runtime="local", opts=["regen.server=vllm"], workdir=str(workdir))
+    server = regen_server(plan)
+    staged = f"{workdir}/models/tiny-target"
+    assert list(server.argv[:3]) == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert values_after(server.argv, "--model") == [staged]
+    client = stage_plan(plan, "regen").step.argv
+    assert values_after(client, "--stage-tiny-target") == [staged]
+    gpu = regen_server(build("qwen3-8b", stage="regen"))
+    assert (
+        list(gpu.argv[:2]) == ["vllm", "serve"]
+        and "--stage-tiny-target" not in stage_plan(build("qwen3-8b", stage="regen"), "regen").step.argv
+    )
+    for flag in ("--served-model-name", "--host", "--tensor-parallel-size", "--seed", "--generation-config"):
+        assert values_after(server.argv, flag) == values_after(gpu.argv, flag), flag
+    assert values_after(server.argv, "--max-model-len") == ["128"]  # the tiny preset's training.seq_length
+    assert "--enforce-eager" in server.argv and "--enforce-eager" not in gpu.argv
+    assert values_after(server.argv, "--kv-cache-memory-bytes") == [str(regen.CPU_KV_CACHE_BYTES)]
+    assert "--gpu-memory-utilization" not in server.argv and "--gpu-memory-utilization" in gpu.argv
+    assert dict(server.env) == {} and server.gpus == ()  # no CUDA_VISIBLE_DEVICES on a CPU
+    assert any("CPU backend" in note for note in stage_plan(plan, "regen").notes)
+    # the in-container client parses what the plan wrote
+    from draftscope.pipeline.__main__ import parser
+
+    args = parser().parse_args(list(client[3:]))
+    assert args.stage_tiny_target == staged
+
+
+def test_regen_server_choices_are_checked(monkeypatch, tmp_path):
+    with pytest.raises(UserError) as info:
+        load_pipeline_config(preset="qwen3-8b", opts=["regen.server=tinyserve"])
+    message = info.value.render()
+    assert "regen.server" in message and "tinyserve" in message and "fix:" in message
+    with pytest.raises(UserError, match=r"regen\.server"):
+        load_pipeline_config(preset="tiny", opts=["regen.server=sglang"])
+    from draftscope.pipeline.stages import regen
+
+    docker = build("tiny", stage="regen", runtime="docker", opts=["regen.server=vllm"])
+    with pytest.raises(UserError, match=r"--runtime local only.*regen.server"):
+        regen.check_inputs(docker.context)
+    local = build("tiny", stage="regen", runtime="local", opts=["regen.server=vllm"], workdir=str(tmp_path))
+    monkeypatch.setattr(regen.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError) as info:
+        regen.check_inputs(local.context)
+    message = info.value.render()
+    assert "vLLM is not installed" in message and "make train-env" in message and "regen.server" in message

@@ -183,3 +183,51 @@ def test_write_kit_model_touches_only_that_block(tmp_path):
     assert [line for line in after if line.startswith("dflash:")] == ["dflash:"]
     with pytest.raises(UserError, match=r"model-preset|measured"):
         write_kit_model(path, files={}, measured={"nested": {"no": 1}})
+
+
+def test_stage_for_vllm_puts_the_tokenizer_beside_the_weights(tmp_path):
+    from draftscope.core.jsonio import sha256_file
+    from draftscope.tiny.assets import TOKENIZER_FILES
+
+    files = tiny.expected_files()
+    for which in ("target", "draft"):
+        dest = tiny.stage_for_vllm(tmp_path / which, which)
+        assert dest == tmp_path / which
+        staged = sorted(p.name for p in dest.iterdir())
+        weights = [rel.split("/", 1)[1] for rel in files if rel.startswith(f"{which}/")]
+        assert staged == sorted([*weights, *TOKENIZER_FILES])
+        for name in weights:
+            assert sha256_file(dest / name) == files[f"{which}/{name}"]
+        for name in TOKENIZER_FILES:
+            assert sha256_file(dest / name) == files[name]
+    # the folder is what a serving engine reads: a Transformers config with the tokenizer beside it
+    assert '"Qwen3ForCausalLM"' in (tmp_path / "target" / "config.json").read_text()
+
+
+def test_stage_for_vllm_reuses_a_good_folder_and_never_overwrites_a_different_file(tmp_path):
+    dest = tiny.stage_for_vllm(tmp_path / "m")
+    before = {p.name: p.stat().st_mtime_ns for p in dest.iterdir()}
+    assert tiny.stage_for_vllm(dest) == dest
+    assert {p.name: p.stat().st_mtime_ns for p in dest.iterdir()} == before  # nothing copied twice
+    (dest / "config.json").write_text("{}")
+    with pytest.raises(UserError) as info:
+        tiny.stage_for_vllm(dest)
+    message = info.value.render()
+    assert "config.json" in message and "dest" in message and "fix:" in message and "\n" not in message
+    assert (dest / "config.json").read_text() == "{}"  # left as it was
+
+
+def test_stage_for_vllm_refuses_bad_input_and_tampered_assets(tmp_path, monkeypatch):
+    with pytest.raises(UserError) as info:
+        tiny.stage_for_vllm(tmp_path / "x", "drafts")
+    message = info.value.render()
+    assert "which" in message and "drafts" in message and "target, draft" in message
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="not a directory"):
+        tiny.stage_for_vllm(tmp_path / "file")
+    folder = _copy_assets(tmp_path)
+    (folder / "tokenizer_config.json").write_text("{}")
+    monkeypatch.setattr("draftscope.tiny.assets._ASSETS", folder)
+    with pytest.raises(UserError, match=r"tokenizer_config\.json: SHA-256"):
+        tiny.stage_for_vllm(tmp_path / "y")
+    assert not (tmp_path / "y").exists()  # checked before anything is written

