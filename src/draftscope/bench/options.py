@@ -59,7 +59,8 @@ def experiment_config(
 ) -> ExperimentConfig:
     """The experiment preset (`experiment`, else the backend's) with the options given laid over it, then the
     `key=value` overrides of `opts`; an option left out (None, False) keeps the preset's value."""
-    name = experiment or backends.get(backend).default_experiment  # an unknown backend lists the valid ones
+    # An unknown backend lists the valid ones; `--device` may pick the backend's preset for that device.
+    name = experiment or backends.get(backend).experiment_for(device)
     overrides: dict[str, Any] = {
         "backend": backend,
         "model_preset": preset,
