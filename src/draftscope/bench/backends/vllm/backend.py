@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -288,9 +287,7 @@ class VllmBackend:
             cpu_facts = {
                 "engine": "cpu",
                 "staged_from": "the shipped tiny models (SHA-256 checked against the tiny preset)",
-                "kv_cache_space": cpu.kv_cache_space(
-                    os.environ
-                ),  # read by the engine's config: set before it
+                "kv_cache_space": cpu.kv_cache_space(),  # before the engine: its config reads it
             }
             engine_version = cpu.engine_distribution(str(vllm.__version__))
         else:

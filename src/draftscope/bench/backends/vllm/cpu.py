@@ -20,6 +20,7 @@ What differs from the GPU engine, each checked in vLLM 0.32.0's CPU path:
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -50,9 +51,10 @@ def stage(dest: Path, *, draft: bool) -> ModelDirs:
     return ModelDirs(folders[0], folders[1] if draft else None)
 
 
-def kv_cache_space(environ: MutableMapping[str, str]) -> dict[str, str]:
+def kv_cache_space(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
     """Set `VLLM_CPU_KVCACHE_SPACE` in `environ` when it is unset (vLLM's engine process inherits it) and say
-    what it is and who set it, for the run's facts."""
+    what it is and who set it, for the run's facts. Without it the CPU engine sizes its cache from a share of
+    the host's memory (`gpu_memory_utilization`), which on a shared machine is neither small nor reproducible."""
     given = environ.get(KVCACHE_ENV, "").strip()
     if not given:
         environ[KVCACHE_ENV] = KVCACHE_DEFAULT_GIB
