@@ -56,6 +56,7 @@ def experiment_config(
     head: str | None = None,
     head_shadow: bool = False,
     capture_head: Number = None,
+    dtype: str | None = None,
 ) -> ExperimentConfig:
     """The experiment preset (`experiment`, else the backend's) with the options given laid over it, then the
     `key=value` overrides of `opts`; an option left out (None, False) keeps the preset's value."""
@@ -78,6 +79,7 @@ def experiment_config(
         "max_new_tokens": _int(max_new_tokens, "--max-new-tokens"),
         "device": device,
         "runtime": runtime,
+        "dtype": dtype,
         "int4_dflash": True if int4_dflash else None,
         "experimental_prefix": True if experimental_prefix else None,
     }

@@ -187,3 +187,10 @@ def test_out_of_memory_on_the_cpu_engine_names_the_kv_cache_setting():
     failure = V._engine_failure(RuntimeError("No available memory for the cache blocks"), cpu_config())
     assert isinstance(failure, V.OutOfMemoryError) and cpu.KVCACHE_ENV in str(failure)
     assert "gpu_memory_utilization" not in str(failure)
+
+
+def test_dtype_is_an_option_of_the_benchmark():
+    config = options.experiment_config(backend="vllm", device="cpu", preset="tiny", dtype="bfloat16")
+    assert cpu_args(config)["dtype"] == "bfloat16"
+    with pytest.raises(UserError, match="bf16"):
+        options.experiment_config(backend="vllm", device="cpu", preset="tiny", dtype="bf16")
