@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from draftscope.bench.backends.common import need
-from draftscope.bench.backends.vllm import BACKEND
+from draftscope.bench.backends.vllm import BACKEND, cpu
 from draftscope.bench.backends.vllm.config import (
     OOM_MARKERS,
     PLACEHOLDERS,
@@ -282,9 +282,6 @@ class VllmBackend:
         models: ModelDirs | None = None
         capability: tuple[int, int] | None = None
         if config.device == "cpu":
-            # lazy: the tiny package, only for the CPU engine's staged models
-            from draftscope.bench.backends.vllm import cpu
-
             # vLLM reads the tokenizer from the model folder; the folders live as long as this engine.
             self._staged = tempfile.TemporaryDirectory(prefix="draftscope-vllm-tiny-")
             models = cpu.stage(self._staged.name, draft=config.draft == "tiny")
@@ -293,10 +290,9 @@ class VllmBackend:
                 "staged_from": "the shipped tiny models (SHA-256 checked against the tiny preset)",
                 "kv_cache_space": cpu.kv_cache_space(),  # before the engine: its config reads it
             }
-            engine_version = cpu.engine_distribution(str(vllm.__version__))
         else:
             capability = _capability()
-            engine_version = {"version": str(vllm.__version__)}
+        engine_version = cpu.engine_distribution(str(vllm.__version__))
         args = engine_args(config, preset, capability=capability, models=models)
         EngineArgs, LLMEngine = _symbol("EngineArgs"), _symbol("LLMEngine")
         with _reported(config):

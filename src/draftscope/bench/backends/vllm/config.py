@@ -25,14 +25,11 @@ from draftscope.core.presets import (
     resolve_target,
 )
 
-DEVICES = (
-    "cuda",
-    "cpu",
-)  # `cpu`: vLLM's CPU engine, for the kit-built tiny models only (explicit, never a fallback)
+# `cpu`: vLLM's CPU engine, for the kit-built tiny models only (an explicit choice, never a fallback).
+DEVICES = ("cuda", "cpu")
 CPU_IMAGE = "vllm-cpu"  # the CPU engine's image (images/vllm-cpu/); the GPU engine runs in `vllm`
-CPU_EXPERIMENT = (
-    "vllm-tiny-cpu"  # the experiment preset `invoke benchmark --backend vllm --device cpu` starts from
-)
+# The experiment preset `invoke benchmark --backend vllm --device cpu` starts from.
+CPU_EXPERIMENT = "vllm-tiny-cpu"
 CPU_ENGINE = "vLLM's CPU engine (the vllm-cpu build of upstream vLLM, image vllm-cpu)"
 
 # Values vLLM must accept (checked against the release by the contract test).
