@@ -42,8 +42,12 @@ class Command(Task):
             self.help = kept
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        # `h` counts as taken: an option with `-h` would hide invoke's `TASK -h`.
-        return super().arg_opts(name, default, {*taken_names, "h"})
+        # `h` counts as taken: an option with `-h` would hide invoke's `TASK -h`. invoke picks the first free
+        # character of the dashed name, so an option whose letters are all taken would get the dash itself
+        # (`--draft-tokens` shown as `--=STRING`, a bare `--` on the command line): such an option has no short flag.
+        opts = super().arg_opts(name, default, {*taken_names, "h"})
+        opts["names"] = [n for n in opts["names"] if len(n) > 1 or n.isalnum()]
+        return opts
 
     def __call__(self, c: Context, *args: Any, **kwargs: Any) -> Any:
         if self.asks_for_help(args, kwargs):

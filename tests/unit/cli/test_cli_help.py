@@ -81,3 +81,11 @@ def test_task_help_exits_0_under_invoke_and_draftscope(task):
         # The options' help is there too (invoke's Task uses a help string up the first time it reads it).
         for arg in helped[:1]:
             assert " ".join(arg.help.split()[:3]) in " ".join(result["out"].split()), key
+
+
+@pytest.mark.parametrize("task", sorted(ns.task_names))
+def test_every_short_flag_is_a_letter_or_a_digit(task):
+    # invoke takes the first free character of an option's dashed name: with all its letters taken, the dash.
+    for arg in ns[task].get_arguments():
+        for flag in arg.names:
+            assert len(flag) > 1 or flag.isalnum(), f"{task}: --{arg.name} has the short flag -{flag}"
