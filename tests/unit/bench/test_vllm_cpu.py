@@ -137,17 +137,20 @@ def test_stage_copies_the_checked_models_beside_the_tokenizer_files(tmp_path):
     for role, folder in (("target", dirs.target), ("draft", dirs.draft)):
         for name in ("config.json", "model.safetensors"):
             assert sha256_file(tmp_path / role / name) == expected[f"{role}/{name}"]
-        for name in cpu.TOKENIZER_FILES:
+        for name in tiny.assets.TOKENIZER_FILES:
             assert sha256_file(tmp_path / role / name) == expected[name]
         assert folder == str(tmp_path / role)
-    with pytest.raises(FileExistsError):
-        cpu.stage(tmp_path, draft=False)  # never over an earlier staging
+    (tmp_path / "target" / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="differs"):
+        cpu.stage(tmp_path, draft=False)  # never over a file that differs
 
 
-def test_stage_refuses_models_that_differ_from_the_preset(monkeypatch):
-    monkeypatch.setattr(tiny, "require_files", lambda: (_ for _ in ()).throw(UserError("bad", fix="rebuild")))
+def test_stage_refuses_models_that_differ_from_the_preset(monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        tiny.assets, "require_files", lambda *a, **k: (_ for _ in ()).throw(UserError("bad", fix="rebuild"))
+    )
     with pytest.raises(UserError, match="bad"):
-        cpu.stage("unused", draft=False)
+        cpu.stage(tmp_path, draft=False)
 
 
 def test_the_kv_cache_space_is_set_when_unset_and_kept_when_given():

