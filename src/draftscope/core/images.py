@@ -21,6 +21,8 @@ from draftscope.core.resources import repo_root as _checkout
 IMAGES = ("transformers", "vllm", "train", "sglang", "vllm-cpu")
 
 LOCK_FILE = "images.lock.json"
+# How `unpinned` flags a base built on this machine: nothing can pin it by a registry digest.
+LOCAL_BASE = "is built locally (images/local/base-image.sh) and has no registry digest"
 SOURCE_URL = "https://github.com/draftscope/draftscope"
 
 
@@ -114,11 +116,7 @@ def unpinned(lock: Mapping[str, Any]) -> list[str]:
     for name, entry in lock["images"].items():
         base = entry["base"]
         if not base["digest"]:
-            why = (
-                "is built locally (images/local/base-image.sh) and has no registry digest"
-                if is_local(base["reference"])
-                else "is not pinned by digest"
-            )
+            why = LOCAL_BASE if is_local(base["reference"]) else "is not pinned by digest"
             lines.append(f"{name}: base {base['reference']} {why}")
         if name == "train" and not entry["versions"].get("speculators_commit"):
             lines.append(f"{name}: the speculators scripts are not pinned to a commit")
