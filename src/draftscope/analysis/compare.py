@@ -93,16 +93,22 @@ def token_check(base: Run, candidate: Run, keys: Sequence[str], expected: bool, 
     """Each candidate record against the base record of the same repeat (else the base's first repeat)."""
     compared = identical = 0
     mismatches = []
+    per_prompt = []
     for key in keys:
         base_rows = base.by_prompt[key].records
         by_repeat = {r["repeat"]: r for r in base_rows}
+        row = {"prompt_id": candidate.by_prompt[key].prompt_id, "compared": 0, "identical": 0}
+        positions = []
         for rec in candidate.by_prompt[key].records:
             ref = by_repeat.get(rec["repeat"], base_rows[0])
             compared += 1
+            row["compared"] += 1
             pos = divergence(ref, rec)
             if pos is None:
                 identical += 1
+                row["identical"] += 1
             else:
+                positions.append(pos)
                 mismatches.append(
                     {
                         "prompt_id": rec["prompt_id"],
@@ -111,6 +117,8 @@ def token_check(base: Run, candidate: Run, keys: Sequence[str], expected: bool, 
                         "position": pos,
                     }
                 )
+        # Per prompt: how many of its records agree, and the earliest position where one diverges.
+        per_prompt.append({**row, "first_divergence": min(positions) if positions else None})
     return {
         "expected_identical": expected,
         "basis": basis,
@@ -118,6 +126,7 @@ def token_check(base: Run, candidate: Run, keys: Sequence[str], expected: bool, 
         "identical": identical,
         "mismatches": mismatches,
         "first_mismatch": mismatches[0] if mismatches else None,
+        "per_prompt": per_prompt,
     }
 
 
@@ -261,6 +270,13 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     elif first is not None:
         line += " — a MISMATCH where tokens must agree"
     lines.append(line)
+    for row in tok.get("per_prompt", ()):
+        where = row["first_divergence"]
+        agreement = f"{row['identical']}/{row['compared']} identical"
+        lines.append(
+            f"    {row['prompt_id']}: {agreement}"
+            + ("" if where is None else f", first divergence at position {where}")
+        )
     for p in ("missing_in_base", "missing_in_candidate"):
         if doc["prompts"][p]:
             lines.append(f"  {p.replace('_', ' ')}: {', '.join(doc['prompts'][p])}")

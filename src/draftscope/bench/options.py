@@ -56,10 +56,12 @@ def experiment_config(
     head: str | None = None,
     head_shadow: bool = False,
     capture_head: Number = None,
+    dtype: str | None = None,
 ) -> ExperimentConfig:
     """The experiment preset (`experiment`, else the backend's) with the options given laid over it, then the
     `key=value` overrides of `opts`; an option left out (None, False) keeps the preset's value."""
-    name = experiment or backends.get(backend).default_experiment  # an unknown backend lists the valid ones
+    # An unknown backend lists the valid ones; `--device` may pick the backend's preset for that device.
+    name = experiment or backends.get(backend).experiment_for(device)
     overrides: dict[str, Any] = {
         "backend": backend,
         "model_preset": preset,
@@ -77,6 +79,7 @@ def experiment_config(
         "max_new_tokens": _int(max_new_tokens, "--max-new-tokens"),
         "device": device,
         "runtime": runtime,
+        "dtype": dtype,
         "int4_dflash": True if int4_dflash else None,
         "experimental_prefix": True if experimental_prefix else None,
     }

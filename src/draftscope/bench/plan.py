@@ -148,7 +148,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
     steps.append(
         Step(
             name="benchmark",
-            image=backend.image,
+            image=backend.image_for(config.device),
             argv=("python", "-m", "draftscope", "worker", "benchmark", "--run-dir", RUN_MOUNT),
             mounts=(Mount(str(Path(run_dir)), RUN_MOUNT, read_only=False), Mount(str(cache), CACHE_MOUNT)),
             env=MappingProxyType(env),

@@ -66,7 +66,8 @@ def presets(c, show=None):
         "backend": f"the benchmark backend: {' or '.join(BACKENDS)}",
         "experiment": "experiment preset to start from (default: by backend)",
         "int4_dflash": "vLLM: the INT4 target with the DFlash2 draft",
-        "experimental_prefix": "vLLM INT4 + DFlash2: the experimental prefix-conditioned head",
+        "experimental_prefix": "vLLM: the experimental prefix-conditioned head (INT4 + DFlash2 on a GPU; the tiny CPU "
+        "engine loads it and records why it stays off)",
         "preset": "model preset (invoke presets)",
         "prompts": "prompt file (JSON)",
         "output": "run directory to create (must not exist)",
@@ -94,6 +95,8 @@ def presets(c, show=None):
         "partition": "slurm: the partition",
         "account": "slurm: the account to charge",
         "qos": "slurm: the quality of service",
+        "dtype": "auto (default: bfloat16 on capability >= 8.0, float16 below, float32 on the CPU), bfloat16, "
+        "float16 or float32",
     },
 )
 def benchmark(
@@ -127,6 +130,7 @@ def benchmark(
     partition=None,
     account=None,
     qos=None,
+    dtype=None,
 ):
     """Run a bounded, auditable greedy benchmark in its image (or locally) into a new run directory; with
     --executor slurm, as a Slurm job."""
@@ -158,6 +162,7 @@ def benchmark(
         head=head,
         head_shadow=head_shadow,
         capture_head=capture_head,
+        dtype=dtype,
     )
     if dry_run:
         print("\n".join(options.dry_run_lines(config, output, executor=executor, slurm=slurm)))

