@@ -1,6 +1,7 @@
 """The vllm-cpu image on a real engine: built from its lock by the kit's own build task, it holds the environment
-images.lock.json records, and the real vLLM engine generates in it on the CPU the same greedy tokens as the host's
-CPU engine environment (`.venv-train`, the same lock).
+images.lock.json records; and the kit's vLLM benchmark runs in it end to end
+(`invoke benchmark --backend vllm --device cpu --runtime docker`, then `invoke validate`), with the greedy tokens of the
+same benchmark on the host's CPU engine environment (`.venv-train`, the same lock, `--runtime local`).
 
 Timings (build, engine load, generation) are printed; run with `-s` to see them.
 """
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,38 +22,22 @@ from draftscope.core.jsonio import sha256_file
 from draftscope.ops import images as I
 
 from containerlib import ROOT, docker
+from support import run_invoke
 
 # The first build installs ~2.9 GB of dependencies (~5–9 min on two loaded cores); the engine loads in ~1–2 min.
 pytestmark = [pytest.mark.container, pytest.mark.timeout(1800)]
 
-SCRIPT = Path(__file__).with_name("vllm_cpu_generate.py")
-TINY = ROOT / "src" / "draftscope" / "assets" / "tiny"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 # The speculators/vLLM CPU environment on the host, as `make train-env` builds it (or DRAFTSCOPE_TRAIN_PYTHON).
 TRAIN_PYTHON = Path(os.environ.get("DRAFTSCOPE_TRAIN_PYTHON", ROOT / ".venv-train" / "bin" / "python"))
 ENGINE_TIMEOUT_S = 600
 
 
-def run_container(image: str, *args: str, mounts: dict[Path, str], timeout: float) -> tuple[int, str]:
+def run_container(image: str, *args: str, timeout: float) -> tuple[int, str]:
     """`docker run` by name, then the exit code read back and the container removed: under podman 4.3 the CLI's
     own exit status (and `--rm`) cannot be trusted. `--init` so that a stop ends the process cleanly."""
     name = f"draftscope-test-vllm-cpu-{uuid.uuid4().hex[:8]}"
-    argv = [
-        "run",
-        "--name",
-        name,
-        "--init",
-        "--network",
-        "none",
-        "--shm-size",
-        "1g",
-        "-e",
-        "HF_HUB_OFFLINE=1",
-    ]
-    for host, target in mounts.items():
-        argv += ["-v", f"{host}:{target}"]
     try:
-        done = docker(*argv, image, *args, timeout=timeout)
+        done = docker("run", "--name", name, "--init", "--network", "none", image, *args, timeout=timeout)
         code = docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip()
         return int(code) if code.lstrip("-").isdigit() else -1, done.stdout + done.stderr
     finally:
@@ -80,7 +65,7 @@ def test_the_image_holds_the_recorded_environment(vllm_cpu_image):
         "print('RESULT ' + json.dumps({'selfcheck': check, 'vllm': vllm.__version__}))"
     )
     start = time.monotonic()
-    code, output = run_container(image, "python", "-c", probe, mounts={}, timeout=300)
+    code, output = run_container(image, "python", "-c", probe, timeout=300)
     print(f"selfcheck and import vllm in the image: {time.monotonic() - start:.0f} s")
     assert code == 0, output[-4000:]
     (line,) = [x for x in output.splitlines() if x.startswith("RESULT ")]
@@ -94,17 +79,6 @@ def test_the_image_holds_the_recorded_environment(vllm_cpu_image):
         assert versions[key] == entry["versions"][key], key
 
 
-def _model_folder(parent: Path) -> Path:
-    """The tiny target as an engine loads it: config and weights with the tokenizer files beside them."""
-    folder = parent / "model"
-    folder.mkdir()
-    for path in [*(TINY / "target").iterdir(), *(TINY / n for n in TOKENIZER_FILES)]:
-        shutil.copy(path, folder / path.name)
-    for path in [parent, folder, *folder.iterdir()]:
-        path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the image's user 10001
-    return folder
-
-
 def _host_train_python() -> Path:
     if TRAIN_PYTHON.is_file():
         return TRAIN_PYTHON
@@ -116,55 +90,63 @@ def _host_train_python() -> Path:
     pytest.skip(message)
 
 
-def test_vllm_generates_in_the_image_the_tokens_it_generates_on_the_host(vllm_cpu_image, tmp_path):
-    image, _ = vllm_cpu_image
-    host_python = _host_train_python()
-    model = _model_folder(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir(mode=0o777)
-    out.chmod(0o777)  # the image's user writes here
-
+def _benchmark(python: str, runtime: str, run: Path) -> float:
+    """`invoke benchmark` of the vllm backend on the CPU, tiny preset, one repeat: the seconds it took."""
+    argv = [python, "-m", "invoke", "benchmark", "--backend", "vllm", "--device", "cpu", "--runtime", runtime]
+    argv += ["--preset", "tiny", "--prompts", "examples/prompts.json", "--output", str(run)]
+    argv += ["--repeats", "1", "--max-new-tokens", "32"]
     start = time.monotonic()
-    code, output = run_container(
-        image,
-        "python",
-        "/opt/test/generate.py",
-        "/model",
-        "/out/image.json",
-        mounts={model: "/model:ro", SCRIPT: "/opt/test/generate.py:ro", out: "/out"},
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    in_image_s = time.monotonic() - start
-    assert code == 0, output[-6000:]
-
-    start = time.monotonic()
-    host = subprocess.run(
-        [str(host_python), str(SCRIPT), str(model), str(out / "host.json")],
+    done = subprocess.run(
+        argv,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=ENGINE_TIMEOUT_S,
         check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        env={**os.environ, "HOME": "/tmp"},
     )
-    on_host_s = time.monotonic() - start
-    assert host.returncode == 0, host.stdout[-3000:] + host.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return time.monotonic() - start
 
-    in_image = json.loads((out / "image.json").read_text())
-    on_host = json.loads((out / "host.json").read_text())
-    print(
-        f"\nvLLM on the CPU, tiny target: in the image {in_image_s:.0f} s (engine load"
-        f" {in_image['load_seconds']} s, generation {in_image['generate_seconds']} s); on the host {on_host_s:.0f} s"
-        f" (load {on_host['load_seconds']} s, generation {on_host['generate_seconds']} s)"
-    )
+
+def _tokens(run: Path) -> dict[str, list[int]]:
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    return {r["prompt_id"]: r["generated_token_ids"] for r in records}
+
+
+def test_the_kit_runs_a_vllm_benchmark_in_the_image_with_the_host_engines_tokens(vllm_cpu_image, tmp_path):
+    """The benchmark through the kit: the vllm backend picks the vllm-cpu image for `--device cpu`, the docker runtime
+    runs its worker there, and the run validates. The same benchmark on the host's CPU engine environment
+    (`.venv-train`, the same lock, `--runtime local`) generates the same greedy tokens for every prompt."""
+    image, _ = vllm_cpu_image
+    host_python = _host_train_python()
+    run, local = tmp_path / "R", tmp_path / "R-local"
+    in_image_s = _benchmark(sys.executable, "docker", run)
+    print(f"\ninvoke benchmark --backend vllm --device cpu --runtime docker: {in_image_s:.0f} s")
+
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "completed" and m["reason"] is None
+    (facts,) = json.loads(docker("image", "inspect", image).stdout)
+    assert [(i["step"], i["reference"], i["id"]) for i in m["images"]] == [("benchmark", image, facts["Id"])]
     entry = I.lock_entry("vllm-cpu", I.load_lock())
-    assert in_image["device"] == on_host["device"] == "cpu"
-    assert in_image["versions"] == on_host["versions"]
-    assert in_image["versions"]["vllm"] == entry["versions"]["vllm"]
-    assert in_image["versions"]["torch"] == entry["versions"]["torch"]
-    assert len(in_image["outputs"]) == len(on_host["outputs"]) == 3
-    for mine, theirs in zip(in_image["outputs"], on_host["outputs"], strict=True):
-        assert mine["prompt_token_ids"] == theirs["prompt_token_ids"]
-        assert len(mine["token_ids"]) == 24
-        # A varied continuation, so that agreement is not two engines repeating one token.
-        assert len(set(mine["token_ids"])) >= 8, mine["token_ids"]
-        assert mine["token_ids"] == theirs["token_ids"], (mine, theirs)
+    worker, backend = m["software"]["worker"], m["software"]["backend"]
+    assert backend["device"] == "cpu" and backend["vllm_version"] == entry["versions"]["vllm"]
+    assert (worker["torch"], worker["speculators"]) == (
+        entry["versions"]["torch"],
+        entry["versions"]["speculators"],
+    )
+    validated = run_invoke("validate", str(run), timeout=120)
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    left = docker("ps", "--all", "--quiet", "--filter", f"label=draftscope.run={run.name}").stdout.strip()
+    assert left == "", "the benchmark's container must be gone"
+
+    on_host_s = _benchmark(str(host_python), "local", local)
+    print(f"the same benchmark with --runtime local in {host_python.parent.parent.name}: {on_host_s:.0f} s")
+    in_image, on_host = _tokens(run), _tokens(local)
+    prompts = json.loads((ROOT / "examples" / "prompts.json").read_text())["prompts"]
+    assert sorted(in_image) == sorted(on_host) == sorted(p["id"] for p in prompts)
+    assert all(0 < len(tokens) <= 32 for tokens in in_image.values())
+    # Varied continuations, so that agreement is not two engines repeating one token.
+    assert sum(len(set(tokens)) >= 8 for tokens in in_image.values()) >= len(prompts) // 2, in_image
+    differ = {p: (in_image[p], on_host[p]) for p in in_image if in_image[p] != on_host[p]}
+    assert differ == {}, differ
