@@ -5,6 +5,7 @@ Helpers live in `tests/support.py` (this folder is on sys.path because this conf
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from functools import cache
 from pathlib import Path
@@ -12,6 +13,12 @@ from pathlib import Path
 import pytest
 
 from support import ROOT, run_invoke
+
+# A shell that starts a job in the background without job control (`cmd &` in a script, nohup) leaves SIGINT
+# ignored, and an ignored signal stays ignored in every child it execs: the Ctrl-C tests would send a signal nobody
+# hears. Tests run with Python's own Ctrl-C handling, whatever started them; children get the default action.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests mirror `src/` (tests/unit/<package>/). A few test modules also build inputs for tests in other folders
 # (test_analysis_synthetic.make_run, test_pipeline_plan.build, test_pipeline_convert.checkpoint); each folder is on
