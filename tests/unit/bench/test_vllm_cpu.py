@@ -116,10 +116,7 @@ def test_dry_run_shows_the_cpu_engine_args_with_placeholders():
     assert args["model"] == "<staged tiny target folder>" and args["dtype"] == "float32"
 
 
-def test_docker_dry_run_names_the_vllm_cpu_image(monkeypatch, tmp_path):
-    if "vllm-cpu" not in images.IMAGES:
-        # The image is registered in core.images by the vllm-cpu image's own change; here it stands in.
-        monkeypatch.setattr(images, "IMAGES", (*images.IMAGES, "vllm-cpu"))
+def test_docker_dry_run_names_the_vllm_cpu_image(tmp_path):
     config = options.experiment_config(backend="vllm", device="cpu", preset="tiny", runtime="docker")
     text = "\n".join(options.dry_run_lines(config, str(tmp_path / "R")))
     assert "# step benchmark (image vllm-cpu, runtime docker)" in text
