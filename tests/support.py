@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,27 @@ INVOKE_PIPELINE = (
     "from invoke import Collection, Program; from draftscope.cli.pipeline import PIPELINE_TASKS; "
     "Program(namespace=Collection(*PIPELINE_TASKS), binary='invoke').run()"
 )
+
+
+def tiny_regen_argv(workdir: Path, *opts: str) -> list[str]:
+    """`invoke pipeline --stage regen` of the tiny preset with the local runtime, each of `opts` as `--opts`."""
+    argv = [sys.executable, "-c", INVOKE_PIPELINE, "pipeline", "--preset", "tiny", "--runtime", "local"]
+    argv += ["--stage", "regen", "--workdir", str(workdir)]
+    for opt in opts:
+        argv += ["--opts", opt]
+    return argv
+
+
+def regen_output_ids(workdir: Path) -> list[str]:
+    """The ids of regen's complete output lines, in file order (a torn last line does not count)."""
+    path = workdir / "regen" / "rows.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def child_pids(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,52 +19,25 @@ pytest.importorskip("transformers")
 from draftscope.core.jsonio import read_json
 from draftscope.core.schema import problems
 
-from support import INVOKE_PIPELINE, free_port, port_is_free
+from support import child_pids, free_port, port_is_free, regen_output_ids, tiny_regen_argv
 
 pytestmark = pytest.mark.integration
 
 
 def pipeline_argv(workdir: Path, port: int, *opts: str) -> list[str]:
-    argv = [
-        sys.executable,
-        "-c",
-        INVOKE_PIPELINE,
-        "pipeline",
-        "--preset",
-        "tiny",
-        "--runtime",
-        "local",
-        "--stage",
-        "regen",
-        "--workdir",
-        str(workdir),
-        "--opts",
-        f"regen.base_port={port}",
-        "--opts",
-        "regen.concurrency=2",
-    ]
-    for opt in opts:
-        argv += ["--opts", opt]
-    return argv
-
-
-def output_ids(workdir: Path) -> list[str]:
-    path = workdir / "regen" / "rows.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.endswith("}")]
+    return tiny_regen_argv(workdir, f"regen.base_port={port}", "regen.concurrency=2", *opts)
 
 
 def wait_for_rows(workdir: Path, count: int, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while len(output_ids(workdir)) < count:
+    while len(regen_output_ids(workdir)) < count:
         assert proc.poll() is None, "the stage ended before it was stopped"
         assert time.monotonic() < deadline, "no rows appeared"
         time.sleep(0.1)
 
 
 def assert_complete(workdir: Path, rows: int) -> dict:
-    ids = output_ids(workdir)
+    ids = regen_output_ids(workdir)
     assert len(ids) == len(set(ids)), "a row was written twice"
     summary = read_json(workdir / "regen" / "summary.json")
     assert problems(summary, "stage-regen") == []
@@ -103,19 +75,14 @@ def test_ctrl_c_midway_then_rerun_accounts_for_every_row(tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, out
     assert read_json(workdir / "stages" / "regen.json")["status"] == "interrupted"
-    before = output_ids(workdir)
+    before = regen_output_ids(workdir)
     assert 3 <= len(before) < 40 and port_is_free(port)
 
     rerun = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     summary = assert_complete(workdir, 40)
-    assert summary["ok"] == 40 and output_ids(workdir)[: len(before)] == before
+    assert summary["ok"] == 40 and regen_output_ids(workdir)[: len(before)] == before
     assert read_json(workdir / "stages" / "regen.json")["counts"]["resumed"] == len(before)
-
-
-def children(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return [int(p) for p in text.split()]
 
 
 def test_sigkill_of_supervisor_and_stage_then_rerun_repairs_and_resumes(tmp_path):
@@ -125,7 +92,7 @@ def test_sigkill_of_supervisor_and_stage_then_rerun_repairs_and_resumes(tmp_path
     argv = pipeline_argv(workdir, port, "data.max_rows=30", "regen.max_tokens=96")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_rows(workdir, 3, proc)
-    (stage,) = children(proc.pid)  # the local runtime runs the stage in a session of its own
+    (stage,) = child_pids(proc.pid)  # the local runtime runs the stage in a session of its own
     os.kill(proc.pid, signal.SIGKILL)
     os.killpg(stage, signal.SIGKILL)
     proc.wait(timeout=30)
@@ -135,7 +102,7 @@ def test_sigkill_of_supervisor_and_stage_then_rerun_repairs_and_resumes(tmp_path
         time.sleep(0.2)
     with (workdir / "regen" / "rows.jsonl").open("a") as handle:
         handle.write('{"id": "chat-029", "messages": [{"role": "us')  # a write cut short
-    done = output_ids(workdir)
+    done = regen_output_ids(workdir)
     assert not (workdir / "stages" / "regen.json").exists()  # the host died before it could record anything
 
     rerun = subprocess.run(argv, capture_output=True, text=True, timeout=300)

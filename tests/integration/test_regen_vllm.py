@@ -26,7 +26,7 @@ from draftscope.core.jsonio import read_json, sha256_file
 from draftscope.core.schema import problems
 from draftscope.tiny.assets import TOKENIZER_FILES, expected_files
 
-from support import INVOKE_PIPELINE, free_port, port_is_free
+from support import child_pids, free_port, port_is_free, regen_output_ids, tiny_regen_argv
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -47,38 +47,16 @@ def vllm_installed():
 
 
 def pipeline_argv(workdir: Path, port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-c",
-        INVOKE_PIPELINE,
-        "pipeline",
-        "--preset",
-        "tiny",
-        "--runtime",
-        "local",
-        "--stage",
-        "regen",
-        "--workdir",
-        str(workdir),
-        *("--opts", "regen.server=vllm"),
-        *("--opts", f"regen.base_port={port}"),
-        *("--opts", f"data.max_rows={ROWS}"),
-        *("--opts", f"regen.max_tokens={MAX_TOKENS}"),
+    return tiny_regen_argv(
+        workdir,
+        "regen.server=vllm",
+        f"regen.base_port={port}",
+        f"data.max_rows={ROWS}",
+        f"regen.max_tokens={MAX_TOKENS}",
         # one request at a time: rows arrive one by one, so the kill lands midway
-        *("--opts", "regen.concurrency=1"),
-        *("--opts", "regen.startup_timeout_s=600"),
-    ]
-
-
-def output_ids(workdir: Path) -> list[str]:
-    path = workdir / "regen" / "rows.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        "regen.concurrency=1",
+        "regen.startup_timeout_s=600",
+    )
 
 
 def group_members(pgid: int) -> list[int]:
@@ -106,7 +84,7 @@ def killed_then_rerun(tmp_path_factory):
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600
-        while len(output_ids(workdir)) < KILL_AFTER:
+        while len(regen_output_ids(workdir)) < KILL_AFTER:
             log = workdir / "logs" / "regen.server-0.log"
             assert proc.poll() is None, "the stage ended before it was killed:\n" + (
                 log.read_text()[-3000:] if log.is_file() else "(no server log)"
@@ -114,7 +92,7 @@ def killed_then_rerun(tmp_path_factory):
             assert time.monotonic() < deadline, "no rows appeared in 600 s"
             time.sleep(0.05)
         first_rows_s = time.monotonic() - started
-        (stage,) = children(proc.pid)  # the local runtime runs the stage in a session of its own
+        (stage,) = child_pids(proc.pid)  # the local runtime runs the stage in a session of its own
         os.kill(proc.pid, signal.SIGKILL)
         os.killpg(stage, signal.SIGKILL)
     finally:
@@ -127,7 +105,7 @@ def killed_then_rerun(tmp_path_factory):
             f"vLLM outlived its stage: {group_members(stage)} in its group, port {port} free: {port_is_free(port)}"
         )
         time.sleep(0.2)
-    before = output_ids(workdir)
+    before = regen_output_ids(workdir)
     with (workdir / "regen" / "rows.jsonl").open("a") as handle:
         handle.write('{"id": "chat-009", "messages": [{"role": "us')  # a write cut short by the kill
     staged = {p.name: p.stat().st_mtime_ns for p in (workdir / "models" / "tiny-target").iterdir()}
@@ -156,7 +134,7 @@ def test_the_rerun_after_a_kill_accounts_for_every_row_once(killed_then_rerun):
     )
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert KILL_AFTER <= len(before) < ROWS, before  # killed midway
-    ids = output_ids(workdir)
+    ids = regen_output_ids(workdir)
     assert len(ids) == len(set(ids)) == ROWS, ids  # no row twice, the torn line repaired
     assert ids[: len(before)] == before  # what was written before the kill is kept, in place
     summary = read_json(workdir / "regen" / "summary.json")
