@@ -1,6 +1,7 @@
 """research/: the committed evidence verifies, one changed byte anywhere fails naming the file, `add` never
 overwrites, and claims.yaml carries every historical figure with its provenance (issue 5, acceptance 4 and 5)."""
 
+import importlib.util
 import inspect
 import json
 import shutil
@@ -365,3 +366,40 @@ def test_a_claim_citing_missing_evidence_fails(research):
     evidence.write_sums(research, sums)
     (bad,) = failures(research)
     assert bad.file == "claims.yaml" and "cites missing evidence evidence/none/runs/x" in bad.detail
+
+
+def _scrub_tool():
+    spec = importlib.util.spec_from_file_location(
+        "scrub_host_paths", RESEARCH / "tools" / "scrub_host_paths.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _evidence_targets(root):
+    runs = sorted(p for p in root.glob("evidence/*/runs/*") if p.is_dir())
+    return [*runs, *sorted(root.glob("evidence/*/measurements/*.json"))]
+
+
+def test_committed_evidence_names_no_host_path(capsys):
+    """Every run and measurement under research/evidence passed through the share rewrite (tools/scrub_host_paths):
+    another rewrite changes nothing, so no interpreter, checkout, temporary or site-packages path of the machine
+    that ran it is left."""
+    targets = _evidence_targets(RESEARCH)
+    assert len(targets) >= 10
+    assert _scrub_tool().main(["--check", *map(str, targets)]) == 0, capsys.readouterr().err
+
+
+def test_the_host_path_check_catches_a_planted_path(research, capsys):
+    run = next(p for p in _evidence_targets(research) if (p / "logs").is_dir())
+    log = next((run / "logs").glob("*.log"))
+    log.write_text(
+        log.read_text(encoding="utf-8") + "loaded from /opt/someone/venv/lib/site.py\n", encoding="utf-8"
+    )
+    tool = _scrub_tool()
+    assert tool.main(["--check", str(run)]) == 1
+    assert f"{log}: names a host path" in capsys.readouterr().err
+    assert tool.main([str(run)]) == 0
+    assert log.read_text(encoding="utf-8").endswith("loaded from …/site.py\n")
+    assert tool.main(["--check", str(run)]) == 0
