@@ -217,8 +217,9 @@ _ACTIVE: StopSignals | None = None
 @contextlib.contextmanager
 def stop_signals(bound: float = 300.0) -> Iterator[StopSignals]:
     """SIGINT and SIGTERM handled by a `StopSignals` while inside (re-entrant: an inner call shares the outer one).
-    When a signal was taken the shield is left in place on the way out: the process is stopping, and one more
-    Ctrl-C must not turn its last line into a traceback or its exit code into 1."""
+    When a signal was taken, both are ignored from the way out on: the process is stopping with everything
+    recorded, and one more Ctrl-C must not turn its last line into a traceback or its exit code into 1 (an ignored
+    signal stays ignored while the interpreter shuts down; a Python handler would be reset to the default there)."""
     global _ACTIVE
     if _ACTIVE is not None:
         yield _ACTIVE
@@ -234,11 +235,9 @@ def stop_signals(bound: float = 300.0) -> Iterator[StopSignals]:
     finally:
         _ACTIVE = None
         signals.done()
-        if signals.first is None:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        else:
-            signals.on_expiry = None
+        for s, handler in previous.items():
+            signal.signal(s, handler if signals.first is None else signal.SIG_IGN)
+        signals.on_expiry = None
 
 
 @contextlib.contextmanager
