@@ -168,6 +168,7 @@ def check(obs: Observed) -> None:
         assert any(words in note for note in manifest["notes"]), manifest["notes"]
         assert liveness(run).state == "gone", liveness(run)
         manifest = recover(run, say=lambda line: None)
+        assert manifest["reason"].startswith("its supervisor recorded: "), manifest["reason"]
     allowed = ("interrupted", "completed") if case.phase == "summary" else ("interrupted",)
     assert manifest["status"] in allowed, manifest
     assert f"{run}: {manifest['status']}" in last or "left unfinished" in last, last

@@ -293,6 +293,7 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any]
     during the run still has room for them; the disk being full is then named as the reason."""
     full = _disk_full(run.path)
     run.release_reserve()
+    outcome = _with_recorded_stop(run, outcome)
     if full and not outcome.ok:
         outcome = _with_reason(outcome, f"{full}; {outcome.reason}")
     try:
@@ -313,6 +314,22 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any]
                 source=str(run.path),
                 fix="free disk space; the records written so far are kept in records.jsonl",
             ) from None
+
+
+def _with_recorded_stop(run: RunDir, outcome: Outcome) -> Outcome:
+    """When finishing a run for `invoke recover`: what its supervisor wrote in the lock file about how it was stopping
+    (`Supervision.stopping`, e.g. a Ctrl-C whose step outlived SIGKILL) comes first in the reason. Text only, cut
+    short: the lock file is data, whoever wrote it."""
+    info = run.supervision.info if run.supervision is not None else {}
+    stopping = info.get("stopping")
+    if (
+        not info.get("recovering")
+        or not isinstance(stopping, dict)
+        or not isinstance(stopping.get("why"), str)
+    ):
+        return outcome
+    why = " ".join(stopping["why"].split())[:400]
+    return _with_reason(outcome, f"its supervisor recorded: {why}; then {outcome.reason}")
 
 
 def _with_reason(outcome: Outcome, reason: str) -> Outcome:

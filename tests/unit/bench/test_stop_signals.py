@@ -5,13 +5,21 @@ it installs stay (ignored signals) once a signal was taken."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+from draftscope.bench import options
+from draftscope.bench.recover import recover
+from draftscope.bench.supervisor import _unfinished
+from draftscope.core.config import to_dict
 from draftscope.core.jsonio import read_json
-from draftscope.core.rundir import SUPERVISOR, RunDir, liveness
+from draftscope.core.rundir import SUPERVISOR, InputFile, RunDir, liveness
+
+from support import ROOT
 
 
 def python(code: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -116,3 +124,29 @@ def test_an_unfinished_run_is_left_for_recover_with_the_true_reason(tmp_path):
     assert lock["stopping"]["why"] == reason
     assert liveness(run).state == "gone"  # seen as unsupervised: `invoke recover` may finish it
     assert RunDir.open(run).manifest()["status"] == "running"
+
+
+def test_recover_puts_the_recorded_stop_first(tmp_path):
+    """A run left unfinished after a Ctrl-C: `recover` finishes it, and its reason starts with the true story."""
+
+    config = options.experiment_config(
+        backend="transformers",
+        preset="tiny",
+        device="cpu",
+        runtime="local",
+        prompts=str(ROOT / "examples/prompts.json"),
+    )
+    run = RunDir.create(
+        tmp_path / "run",
+        kind="benchmark",
+        config=to_dict(config),
+        inputs=[InputFile("prompts", Path(config.prompts))],
+    )
+    (run.path / "records.jsonl").touch()
+    run.set_status("running")
+    _unfinished(run, run.supervision, signal.SIGINT, "the step's process group 7 did not end")
+    manifest = recover(run.path, say=lambda line: None)
+    assert manifest["status"] == "interrupted"
+    assert manifest["reason"].startswith(
+        "its supervisor recorded: interrupted by the user (Ctrl-C); the step's process group 7 did not end"
+    ), manifest["reason"]
