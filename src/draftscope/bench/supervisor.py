@@ -153,7 +153,8 @@ def run_benchmark(
                 outcome = explain(outcome)
         signals.shield()
         if signals.first is not None and supervision is not None:
-            supervision.stopping(_signal_words(signals.first))
+            with contextlib.suppress(OSError):  # the lock file's story; the run's own record comes next
+                supervision.stopping(_signal_words(signals.first))
         left = _stop_leftover_step(supervision, grace_seconds or 5.0)
         if left:
             # The step outlived SIGKILL (stuck in the kernel): a summary now could miss what it still writes.
