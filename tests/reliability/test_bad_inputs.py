@@ -8,9 +8,12 @@ shell metacharacters must reach no shell: the canary file they try to create nev
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import stat
+import subprocess
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -103,6 +106,54 @@ def storage_conf(tmp: Path) -> None:
     (tmp / "storage.conf").write_text(
         f'[storage]\ndriver = "vfs"\ngraphroot = "{tmp}/graph"\nrunroot = "{tmp}/runroot"\n'
     )
+
+
+def pipe_at(workdir: str) -> tuple[str, ...]:
+    """`invoke pipeline` on the tiny CPU path with the given workdir."""
+    return ("pipeline", "--preset", "tiny", "--runtime", "local", "--stage", "regen", "--workdir", workdir)
+
+
+def link_loop(tmp: Path) -> None:
+    (tmp / "loop").symlink_to(tmp / "loop2")
+    (tmp / "loop2").symlink_to(tmp / "loop")
+
+
+def dangling(tmp: Path) -> None:
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+
+
+def _can_mount_read_only() -> bool:
+    """Root (as in CI containers) may write in a mode-0555 folder, so a read-only folder there has to be a read-only
+    mount: possible where this process may mount (CAP_SYS_ADMIN), impossible otherwise."""
+    if os.geteuid() != 0:
+        return True  # chmod is enough
+    if not shutil.which("mount"):
+        return False
+    probe = Path(tempfile.mkdtemp())
+    try:
+        ok = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro", "none", str(probe)], capture_output=True
+        ).returncode
+        if ok == 0:
+            subprocess.run(["umount", str(probe)], capture_output=True)
+        return ok == 0
+    finally:
+        probe.rmdir()
+
+
+# Without it the read-only cases are left out (root without the right to mount cannot make a read-only folder).
+READ_ONLY_POSSIBLE = _can_mount_read_only()
+
+
+def read_only_dir(tmp: Path) -> None:
+    folder = tmp / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        atexit.register(folder.chmod, 0o755)  # so that pytest can remove its temporary folders
+        return
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "none", str(folder)], check=True)
+    atexit.register(subprocess.run, ["umount", str(folder)], capture_output=True)
 
 
 @dataclass(frozen=True)
@@ -335,6 +386,36 @@ CASES = [
     Bad("unknown-device", bench(device="tpu"), "$.device"),
     Bad("misspelled-preset", bench(preset="tinyy"), "did you mean 'tiny'"),
     Bad("unknown-experiment", bench("--experiment", "nosuch"), "no experiment preset named 'nosuch'"),
+    # --- output paths (h18-signals) -------------------------------------------------------------------------------
+    Bad("output-parent-is-a-file", bench(output="{tmp}/f/run"), "/f is a file, not a folder", {"f": "x"}),
+    Bad("output-under-a-file", bench(output="{tmp}/f/a/run"), "/f is a file, not a folder", {"f": "x"}),
+    Bad("output-under-proc", bench(output="/proc/draftscope-run"), "kernel file system"),
+    Bad("output-under-sys", bench(output="/sys/draftscope-run"), "kernel file system"),
+    Bad("output-symlink-loop", bench(output="{tmp}/loop/run"), "symbolic link loop", setup=link_loop),
+    Bad("output-is-symlink-loop", bench(output="{tmp}/loop"), "symbolic link loop", setup=link_loop),
+    Bad(
+        "output-broken-link-parent",
+        bench(output="{tmp}/dangling/run"),
+        "broken symbolic link",
+        setup=dangling,
+    ),
+    Bad("workdir-parent-is-a-file", pipe_at("{tmp}/f/w"), "/f is a file, not a folder", {"f": "x"}),
+    Bad("workdir-is-a-file", pipe_at("{tmp}/f"), "exists and is not a folder", {"f": "x"}),
+    Bad("workdir-under-proc", pipe_at("/proc/draftscope-w"), "kernel file system"),
+    Bad("workdir-symlink-loop", pipe_at("{tmp}/loop/w"), "symbolic link loop", setup=link_loop),
+    *(
+        [
+            Bad(
+                "output-read-only-parent",
+                bench(output="{tmp}/ro/run"),
+                "is not writable",
+                setup=read_only_dir,
+            ),
+            Bad("workdir-read-only-parent", pipe_at("{tmp}/ro/w"), "is not writable", setup=read_only_dir),
+        ]
+        if READ_ONLY_POSSIBLE
+        else []
+    ),
 ]
 
 

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from draftscope.core.errors import UserError
+from draftscope.core.outputs import check_output_path
 
 
 def refuse_existing(path: Path, flag: str) -> None:
@@ -25,7 +26,7 @@ def refuse_existing(path: Path, flag: str) -> None:
 
 
 def make_new_dir(path: Path, flag: str) -> Path:
-    path = Path(path)
+    path = Path(check_output_path(path, flag))
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(path)
@@ -37,7 +38,7 @@ def make_new_dir(path: Path, flag: str) -> Path:
 
 def write_new(path: Path, data: bytes, flag: str) -> None:
     """Create `path` with `data`, atomically and exclusively."""
-    path = Path(path)
+    path = Path(check_output_path(path, flag))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

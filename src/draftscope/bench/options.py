@@ -15,10 +15,11 @@ from typing import Any
 from draftscope.bench import backends, supervisor
 from draftscope.bench import slurm as slurm_benchmark
 from draftscope.bench.plan import plan_benchmark
-from draftscope.core.errors import UserError
+from draftscope.core.errors import Interrupted, UserError
 from draftscope.core.presets import ExperimentConfig, load_experiment
 from draftscope.execute.slurm.options import check_names, executor_flags
 from draftscope.runtime import get_runtime
+from draftscope.runtime.base import stop_signals
 
 # The experiment a bare `--backend` starts from.
 Number = str | int | float | None  # invoke hands over an option without a typed default as text
@@ -124,8 +125,29 @@ def run(
     if executor == "slurm":
         return slurm_benchmark.run(config, Path(output), flags=dict(slurm or {}), argv=argv)
 
-    manifest = supervisor.run_benchmark(config, Path(output), argv=argv)
+    with stop_signals() as signals:
+        try:
+            manifest = supervisor.run_benchmark(config, Path(output), argv=argv)
+        except KeyboardInterrupt:
+            # Before the run directory existed, or while it was made (its creation removes it): nothing is left.
+            raise Interrupted(
+                signals.code or 130, f"{output}: interrupted before the run started; nothing was created"
+            ) from None
+    if signals.code is not None:
+        raise Interrupted(signals.code, stopped_line(output, manifest))
     return manifest["status"], manifest.get("reason")
+
+
+def stopped_line(output: str, manifest: Mapping[str, Any]) -> str:
+    """The one line a stopped benchmark ends with: what became of its run, and where it is."""
+    status, reason = manifest.get("status"), manifest.get("reason")
+    if status == "running":
+        return f"{output}: left unfinished ({reason}); once nothing of it runs, `invoke recover {output}` finishes it"
+    return (
+        f"{output}: {status}"
+        + (f" ({reason})" if reason else "")
+        + "; its records and summary are kept there"
+    )
 
 
 def _int(value: Number, flag: str) -> int | None:

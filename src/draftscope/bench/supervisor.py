@@ -12,7 +12,10 @@ import contextlib
 import errno
 import json
 import os
+import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,11 +31,11 @@ from draftscope.core.jsonio import read_json
 from draftscope.core.platforms import require_linux
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.provenance import shell_join, versions
-from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
+from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir, Supervision
 from draftscope.core.summary import read_records, summarize
 from draftscope.head.vllm_switch import read_status
 from draftscope.runtime import Context, Outcome, Runtime, get_runtime
-from draftscope.runtime.base import interrupted_reason, sigterm_interrupts
+from draftscope.runtime.base import interrupted_reason, stop_signals
 
 Printer = Callable[[str], None]
 
@@ -115,22 +118,24 @@ def run_benchmark(
     preflight(plan, runtime)
 
     # SIGTERM is handled like Ctrl-C from here on: during creation the half-made folder is removed, later the
-    # step is stopped and the run is recorded as interrupted.
-    with sigterm_interrupts():
+    # step is stopped and the run is recorded as interrupted. Only the first signal interrupts: any later one is
+    # counted while the step is stopped and the run is finished (`StopSignals`), within a bound.
+    with stop_signals() as signals:
         run = RunDir.create(
             output,
             kind=kind,
             config=to_dict(config),
             argv=argv,
-            inputs=[InputFile("prompts", Path(plan.prompts.path))],
+            inputs=[InputFile("prompts", Path(plan.prompts.path), plan.prompts.sha256)],
             software={"host": versions()},
         )
         supervision = run.supervision
-        ctx = replace(context_for(output), on_start=supervision.step if supervision else None)
-        if grace_seconds is not None:
-            ctx = replace(ctx, grace_seconds=grace_seconds)
+        signals.on_expiry = lambda signum: _expired(run, supervision, signum, signals.bound)
         steps: list[dict[str, Any]] = []  # each step's outcome, filled in as they end
         try:
+            ctx = replace(context_for(output), on_start=supervision.step if supervision else None)
+            if grace_seconds is not None:
+                ctx = replace(ctx, grace_seconds=grace_seconds)
             (run.path / RECORDS).touch()  # a run killed before its first record still has the file
             images = _image_facts(plan, runtime, ctx)
             run.update(images=images)
@@ -140,12 +145,100 @@ def run_benchmark(
                 run.note(f"fault injection was active: {FAILPOINT}={os.environ[FAILPOINT]}")
             run.set_status("running")
             outcome = _run_steps(plan, runtime, ctx, run, say, steps, explain)
+            signals.shield()  # the steps are over: a signal from here on no longer aborts their record
         except KeyboardInterrupt as exc:
             reason = interrupted_reason(exc).split(";")[0]
             outcome = Outcome("benchmark", "interrupted", None, 0.0, reason, None)
             if explain is not None:
                 outcome = explain(outcome)
-    return finish(run, plan, outcome, steps)
+        signals.shield()
+        if signals.first is not None and supervision is not None:
+            with contextlib.suppress(OSError):  # the lock file's story; the run's own record comes next
+                supervision.stopping(_signal_words(signals.first))
+        left = _stop_leftover_step(supervision, grace_seconds or 5.0)
+        if left:
+            # The step outlived SIGKILL (stuck in the kernel): a summary now could miss what it still writes.
+            return _unfinished(run, supervision, signals.first, left)
+        manifest = finish(run, plan, outcome, steps)
+        if signals.later:
+            with contextlib.suppress(OSError, UserError):
+                run.note(f"{signals.later} more stop signal(s) arrived while the run was being finished")
+        return manifest
+
+
+def _signal_words(signum: int | None) -> str:
+    if signum == signal.SIGTERM:
+        return "terminated (SIGTERM)"
+    if signum == signal.SIGINT:
+        return "interrupted by the user (Ctrl-C)"
+    return "stopped"
+
+
+def _stop_leftover_step(supervision: Supervision | None, grace: float) -> str | None:
+    """The local step's process group must be gone before the run is finished (a Ctrl-C can land between its start
+    and the supervised wait). Stopped here if not; a sentence when even SIGKILL did not end it in time."""
+    pgid = ((supervision.info.get("step") or {}) if supervision else {}).get("pgid")
+    if not isinstance(pgid, int) or not _group_alive(pgid):
+        return None
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace + 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _group_alive(pgid):
+            return None
+    return f"the step's process group {pgid} did not end within {grace + 10.0:g} s of SIGKILL"
+
+
+def _group_alive(pgid: int) -> bool:
+    """Some process of the group runs (zombies, which write nothing, do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    return True
+    return False
+
+
+def _expired(run: RunDir, supervision: Supervision | None, signum: int, bound: float) -> None:
+    """The watchdog's last word (another thread; the main one is stuck): the lock file, then one line."""
+    text = (
+        f"{_signal_words(signum)}; stopping the step and finishing the run took longer than {bound:g} s; "
+        "the run was left unfinished for `invoke recover`"
+    )
+    if supervision is not None:
+        with contextlib.suppress(OSError):
+            supervision.stopping(text)
+    print(f"{run.path}: left unfinished ({text})", file=sys.stderr, flush=True)
+
+
+def _unfinished(run: RunDir, supervision: Supervision | None, signum: int | None, why: str) -> dict[str, Any]:
+    """Leave the run for `invoke recover`, its true story written down: in the manifest's notes and in the lock file
+    (which `recover` reads), the lock let go but its file kept. Returns the manifest as it stands."""
+    text = f"{_signal_words(signum)}; {why}; the run was left unfinished for `invoke recover`"
+    if supervision is not None:
+        with contextlib.suppress(OSError):
+            supervision.stopping(text)
+    with contextlib.suppress(OSError, UserError, ValueError):
+        run.note(text)
+    if supervision is not None:
+        supervision.release()
+    try:
+        manifest = run.manifest()
+    except (OSError, UserError, ValueError):
+        manifest = {"status": "running"}
+    return {**manifest, "reason": text}
 
 
 def _image_facts(plan: Plan, runtime: Runtime, ctx: Context) -> list[dict[str, Any]]:
@@ -201,6 +294,7 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any]
     during the run still has room for them; the disk being full is then named as the reason."""
     full = _disk_full(run.path)
     run.release_reserve()
+    outcome = _with_recorded_stop(run, outcome)
     if full and not outcome.ok:
         outcome = _with_reason(outcome, f"{full}; {outcome.reason}")
     try:
@@ -221,6 +315,22 @@ def finish(run: RunDir, plan: Plan, outcome: Outcome, steps: list[dict[str, Any]
                 source=str(run.path),
                 fix="free disk space; the records written so far are kept in records.jsonl",
             ) from None
+
+
+def _with_recorded_stop(run: RunDir, outcome: Outcome) -> Outcome:
+    """When finishing a run for `invoke recover`: what its supervisor wrote in the lock file about how it was stopping
+    (`Supervision.stopping`, e.g. a Ctrl-C whose step outlived SIGKILL) comes first in the reason. Text only, cut
+    short: the lock file is data, whoever wrote it."""
+    info = run.supervision.info if run.supervision is not None else {}
+    stopping = info.get("stopping")
+    if (
+        not info.get("recovering")
+        or not isinstance(stopping, dict)
+        or not isinstance(stopping.get("why"), str)
+    ):
+        return outcome
+    why = " ".join(stopping["why"].split())[:400]
+    return _with_reason(outcome, f"its supervisor recorded: {why}; then {outcome.reason}")
 
 
 def _with_reason(outcome: Outcome, reason: str) -> Outcome:
@@ -254,7 +364,8 @@ def _summarize_and_close(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str,
             software["prefix_head"] = read_status(run.path)
         run.update(hardware=facts.get("hardware"), software=software)
     records = read_records(run.path)
-    prompt_ids = [p["id"] for p in read_json(Path(plan.prompts.path))["prompts"]]
+    # The run's own copy: the user's file may have been edited or deleted since the run began.
+    prompt_ids = [p["id"] for p in read_json(run.input_copy("prompts"))["prompts"]]
     expected = len(prompt_ids) * plan.experiment.repeats
     if outcome.ok and len(records) != expected:
         # Exit code 0 is not enough: the worker must have written every record.

@@ -8,6 +8,7 @@ from pathlib import Path
 from invoke import Exit
 
 from draftscope.cli.command import command
+from draftscope.core.outputs import check_output_path
 from draftscope.execute.slurm.options import executor_flags
 from draftscope.pipeline import registry
 from draftscope.runtime import get_runtime
@@ -67,6 +68,7 @@ def pipeline(
     engine = get_runtime(runtime or ("local" if resolved.config.device == "cpu" else "docker"))
     stages = registry.select(stage)
     target = Path(workdir) if workdir else planning.default_workdir(resolved.config)
+    check_output_path(target, "--workdir", exists=True)  # reruns resume in an existing one
     plan = planning.build(resolved, stages, target, engine.name)
     if executor == "slurm":
         # lazy: the Slurm executor, only with --executor slurm

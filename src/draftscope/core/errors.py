@@ -62,6 +62,15 @@ class MissingDependency(UserError):
         )
 
 
+class Interrupted(Exception):
+    """The command was stopped by a signal (Ctrl-C, SIGTERM) after recording what became of its work: it exits with
+    the conventional code, 128 + the signal's number (130 for SIGINT, 143 for SIGTERM), and `line` says where."""
+
+    def __init__(self, code: int, line: str) -> None:
+        self.code, self.line = code, " ".join(line.split())
+        super().__init__(self.line)
+
+
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -78,6 +87,8 @@ def exit_status(exc: BaseException) -> tuple[int, str] | None:
     name because this module may not import torch)."""
     if isinstance(exc, UserError):
         return 2, f"error: {exc.render()}"
+    if isinstance(exc, Interrupted):
+        return exc.code, exc.line
     if isinstance(exc, MemoryError):
         return 3, f"error: out of host memory: {exc}"
     if type(exc).__name__ == "OutOfMemoryError":

@@ -35,6 +35,7 @@ from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json, sha256_file
 from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SLURM_SUFFIX, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
+from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.core.validate import validate_run
 
@@ -59,13 +60,24 @@ TRANSITIONS: Mapping[str, frozenset[str]] = {
 class InputFile:
     name: str
     path: Path
+    sha256: str | None = (
+        None  # the hash of the content checked before the run (a file edited since is refused)
+    )
 
 
 def describe_input(item: InputFile) -> dict[str, Any]:
     path = Path(item.path)
     if not path.is_file():
         raise UserError("input file not found", field=item.name, value=str(path), fix="check the path")
-    return {"name": item.name, "path": str(path), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    digest = sha256_file(path)
+    if item.sha256 is not None and digest != item.sha256:
+        raise UserError(
+            "the input file changed after it was checked (edited while the run was being set up)",
+            field=item.name,
+            value=str(path),
+            fix="start the run again once the file is no longer being edited",
+        )
+    return {"name": item.name, "path": str(path), "sha256": digest, "bytes": path.stat().st_size}
 
 
 def check_run_name(path: Path) -> None:
@@ -120,6 +132,7 @@ class RunDir:
         if kind in CONFIG_SCHEMAS:
             schemas.check(dict(config), CONFIG_SCHEMAS[kind], "config")
         check_run_name(path)
+        check_output_path(path, "--output")  # a parent that is a file, read-only, /proc, a link loop: refused
         described = [describe_input(i) for i in inputs]  # fail on bad input before creating anything
         if not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +185,14 @@ class RunDir:
             for item in described:
                 target = path / "inputs" / Path(item["path"]).name
                 shutil.copyfile(item["path"], target)
+                # From here on the run reads only this copy: it must be what was hashed.
+                if sha256_file(target) != item["sha256"]:
+                    raise UserError(
+                        "the input file changed while it was copied into the run directory",
+                        field=item["name"],
+                        value=item["path"],
+                        fix="start the run again once the file is no longer being edited",
+                    )
         stamp = now()
         manifest = {
             "schema_version": 1,
@@ -195,6 +216,14 @@ class RunDir:
         }
         run.write_manifest(manifest)
         return run
+
+    def input_copy(self, name: str) -> Path:
+        """The run's own copy of its input `name` (what the run reads after creation, never the user's file, which
+        may be edited or deleted meanwhile)."""
+        entries = [i for i in self.manifest()["inputs"] if i["name"] == name]
+        if not entries:
+            raise UserError(f"the manifest records no input '{name}'", source=str(self.manifest_path))
+        return self.path / "inputs" / Path(entries[0]["path"]).name
 
     def release_reserve(self) -> None:
         """Give back the space set aside at creation (before the final summary and status are written)."""
@@ -333,6 +362,17 @@ class Supervision:
             supervision._info["recovering"] = os.getpid()
         supervision._write()
         return supervision
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the lock file says: pid, host, since, the step and where it runs, how the run is stopping."""
+        return dict(self._info)
+
+    def stopping(self, why: str) -> None:
+        """Record how the run is being stopped (a signal, and later what kept it from finishing): the lock file
+        then tells the true story if the supervisor cannot write the final status."""
+        self._info["stopping"] = {"why": why, "at": now()}
+        self._write()
 
     def step(self, name: str, **where: Any) -> None:
         """Record the step that now runs and where it can be found (`pgid`, or `engine` and `container`)."""

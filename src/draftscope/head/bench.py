@@ -46,6 +46,7 @@ from rich.table import Table
 from draftscope.core import hardware
 from draftscope.core.errors import MissingDependency, UserError
 from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.core.schema import problems
 
@@ -535,6 +536,8 @@ def main(
             value=str(output),
             fix="create the folder first",
         )
+    if out_path is not None:
+        check_output_path(out_path, "--output")
     torch = _torch()
     if device == "cuda":
         if not torch.cuda.is_available():

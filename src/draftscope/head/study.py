@@ -23,6 +23,7 @@ from draftscope import tiny
 from draftscope.core.errors import UserError
 from draftscope.core.hub import hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.outputs import check_output_path
 from draftscope.core.presets import load_model_preset
 from draftscope.core.schema import check
 
@@ -238,6 +239,7 @@ def main(
     result = study(run_dir, k=k, group_size=group_size)
     check(result, SCHEMA, "head study")
     folder = Path(output) if output else Path("runs") / f"head-study-{run_dir.name}"
+    check_output_path(folder, "--output")
     try:
         folder.mkdir(parents=True, exist_ok=False)
     except FileExistsError:

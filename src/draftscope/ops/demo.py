@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftscope.core.errors import UserError
+from draftscope.core.outputs import check_output_path
 from draftscope.core.presets import load_model_preset
 from draftscope.core.provenance import now
 from draftscope.core.summary import read_records
@@ -287,6 +288,7 @@ def main(*, output: str | None, train_python: str | None, say: Callable[[str], N
             value=python,
             fix="use `make demo` (it sets one up in .venv-train), or pass --train-python PATH/bin/python",
         )
+    check_output_path(root, "--output")
     try:
         (root / "logs").mkdir(parents=True, exist_ok=False)
     except FileExistsError:

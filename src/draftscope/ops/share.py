@@ -55,6 +55,7 @@ from typing import Any
 from draftscope import __version__
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
+from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import now
 from draftscope.core.rundir import RESERVE, SUPERVISOR
 from draftscope.ops import doctor
@@ -356,6 +357,7 @@ def _read_manifest(run: Path) -> dict[str, Any]:
 
 
 def _check_output(run: Path, output: Path) -> None:
+    check_output_path(output, "--output")
     if output.exists() or output.is_symlink():
         raise UserError(
             "the bundle already exists", field="--output", value=str(output), fix="choose a new file name"

@@ -154,11 +154,98 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (`kill`, a batch scheduler, a container stop) asks the supervisor to stop, as Ctrl-C does."""
 
 
+class StopSignals:
+    """SIGINT and SIGTERM for a supervisor that must record how its run ended, whatever number of them arrive.
+
+    The first raises KeyboardInterrupt (`Terminated` for SIGTERM) in the main thread, as Ctrl-C does, so that the
+    running step is stopped. From then on the supervisor is shielded: every further signal is only counted, so that
+    the finalisation (stop the step, write the summary and the final status, let go of the lock) runs to its end.
+    `shield()` does the same before a first signal (the normal finish: a Ctrl-C there no longer aborts it).
+    A watchdog bounds the finalisation: if it has not ended `bound` seconds after the first signal, `on_expiry`
+    (the supervisor's: record the true reason where `invoke recover` finds it) runs and the process exits with
+    128 + the signal's number."""
+
+    def __init__(self, bound: float = 300.0) -> None:
+        self.first: int | None = None  # the signal that stopped the command
+        self.later = 0  # signals that arrived after it (counted, not acted on)
+        self.shielded = False
+        self.bound = bound
+        self.on_expiry: Callable[[int], None] | None = None
+        self._watchdog: threading.Timer | None = None
+
+    @property
+    def code(self) -> int | None:
+        """The conventional exit code: 130 after SIGINT, 143 after SIGTERM; None when no signal arrived."""
+        return None if self.first is None else 128 + self.first
+
+    def shield(self) -> None:
+        self.shielded = True
+
+    def handle(self, signum: int, frame: object) -> None:
+        if self.first is None:
+            self.first = signum
+            self._arm()
+        else:
+            self.later += 1
+        if self.shielded:
+            return
+        self.shielded = True
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def _arm(self) -> None:
+        self._watchdog = threading.Timer(self.bound, self._expire)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _expire(self) -> None:
+        signum = self.first or signal.SIGINT
+        try:
+            if self.on_expiry is not None:
+                self.on_expiry(signum)
+        finally:
+            os._exit(128 + signum)
+
+    def done(self) -> None:
+        """The finalisation ended: the watchdog stands down."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+
+_ACTIVE: StopSignals | None = None
+
+
+@contextlib.contextmanager
+def stop_signals(bound: float = 300.0) -> Iterator[StopSignals]:
+    """SIGINT and SIGTERM handled by a `StopSignals` while inside (re-entrant: an inner call shares the outer one).
+    When a signal was taken, both are ignored from the way out on: the process is stopping with everything
+    recorded, and one more Ctrl-C must not turn its last line into a traceback or its exit code into 1 (an ignored
+    signal stays ignored while the interpreter shuts down; a Python handler would be reset to the default there)."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        yield _ACTIVE
+        return
+    signals = StopSignals(bound)
+    if threading.current_thread() is not threading.main_thread():
+        yield signals  # signals reach the main thread only: nothing to install
+        return
+    previous = {s: signal.signal(s, signals.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    _ACTIVE = signals
+    try:
+        yield signals
+    finally:
+        _ACTIVE = None
+        signals.done()
+        for s, handler in previous.items():
+            signal.signal(s, handler if signals.first is None else signal.SIG_IGN)
+        signals.on_expiry = None
+
+
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """While inside, SIGTERM raises `Terminated` in the main thread, so the supervisor stops its step and records
-    the run as interrupted; Python's default would end the supervisor at once and leave the step running."""
-    if threading.current_thread() is not threading.main_thread():
+    the run as interrupted; Python's default would end the supervisor at once and leave the step running. Inside
+    `stop_signals` it changes nothing: SIGTERM is already handled there, with the shield."""
+    if threading.current_thread() is not threading.main_thread() or _ACTIVE is not None:
         yield
         return
 
@@ -206,11 +293,14 @@ def supervise(
 
 
 def _reap(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Wait for the stopped client; kill it after `timeout`, and give up after as long again (a process stuck in
+    the kernel ignores even SIGKILL): the caller then finds the step still there and says so."""
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
 
 
 def outcome_from_exit(

@@ -94,7 +94,6 @@ class LocalRuntime:
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
             )
-            ctx.started(step.name, pgid=proc.pid)
 
             def stop() -> None:
                 _signal_group(proc, signal.SIGTERM)
@@ -103,6 +102,11 @@ class LocalRuntime:
                 except subprocess.TimeoutExpired:
                     _signal_group(proc, signal.SIGKILL)
 
+            try:
+                ctx.started(step.name, pgid=proc.pid)
+            except BaseException:  # Ctrl-C before the supervised wait: the step must not run on unsupervised
+                stop()
+                raise
             state, reason = supervise(proc, limit=step.time_limit_s, stop=stop, started=started)
         seconds = time.monotonic() - started
         if state != "exited":

@@ -25,6 +25,7 @@ from typing import Any
 
 from draftscope.core.errors import MissingDependency, UserError
 from draftscope.core.jsonio import atomic_write_json, sha256_file
+from draftscope.core.outputs import check_output_path
 from draftscope.core.resources import examples_dir
 from draftscope.tiny import corpus as corpus_mod
 from draftscope.tiny import models
@@ -257,6 +258,7 @@ def _reload(folder: Path) -> Any:
 
 
 def _fresh_dir(path: Path) -> Path:
+    check_output_path(path, "--output", exists=True)  # an empty folder may be reused
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UserError(
             "the build output folder exists and is not empty",
