@@ -49,8 +49,12 @@ demo: setup train-env
 
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # The container, contract, reliability and Slurm tiers have their own targets; gpu tests skip without CUDA.
+# TEST_WORKERS pytest-xdist workers (default 2), a test file per worker at a time (--dist loadfile: a module's
+# fixtures, such as a tiny run several tests read, are made once); TEST_WORKERS=0 runs in this one process.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm and not vllm" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm and not vllm" \
+		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The fast tier: the unit tests that need no torch (pure Python: planning, argv, schemas, configs, records), spread
 # over the cores. The torch-backed unit tests (the head's kernels and properties, the decode loop) run in `make test`.

@@ -12,6 +12,13 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "vllm", "sglang", "speculators", "triton")
 
 
+def wall_bound(seconds: float) -> float:
+    """A wall-time bound for a command that should be quick, scaled by the pytest workers sharing this machine's
+    cores (`make test` runs two with pytest-xdist): a guard against a slow path (an import of torch, a sleep), never
+    a performance figure."""
+    return seconds * max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 def run_invoke(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 60):
     """Run `invoke ARGS` as a user would, in a fresh interpreter."""
     full_env = {**os.environ, **(env or {})}

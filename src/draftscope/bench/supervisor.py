@@ -12,16 +12,14 @@ import contextlib
 import errno
 import json
 import os
-import signal
-import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from draftscope.bench.plan import Plan, plan_benchmark
+from draftscope.bench.stopping import expired, signal_words, stop_leftover_step, unfinished
 from draftscope.bench.worker import FAILPOINT
 from draftscope.core import hardware
 from draftscope.core.config import to_dict
@@ -31,7 +29,7 @@ from draftscope.core.jsonio import read_json
 from draftscope.core.platforms import require_linux
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.provenance import shell_join, versions
-from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir, Supervision
+from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
 from draftscope.core.summary import read_records, summarize
 from draftscope.head.vllm_switch import read_status
 from draftscope.runtime import Context, Outcome, Runtime, get_runtime
@@ -130,7 +128,7 @@ def run_benchmark(
             software={"host": versions()},
         )
         supervision = run.supervision
-        signals.on_expiry = lambda signum: _expired(run, supervision, signum, signals.bound)
+        signals.on_expiry = lambda signum: expired(run, supervision, signum, signals.bound)
         steps: list[dict[str, Any]] = []  # each step's outcome, filled in as they end
         try:
             ctx = replace(context_for(output), on_start=supervision.step if supervision else None)
@@ -154,91 +152,16 @@ def run_benchmark(
         signals.shield()
         if signals.first is not None and supervision is not None:
             with contextlib.suppress(OSError):  # the lock file's story; the run's own record comes next
-                supervision.stopping(_signal_words(signals.first))
-        left = _stop_leftover_step(supervision, grace_seconds or 5.0)
+                supervision.stopping(signal_words(signals.first))
+        left = stop_leftover_step(supervision, grace_seconds or 5.0)
         if left:
             # The step outlived SIGKILL (stuck in the kernel): a summary now could miss what it still writes.
-            return _unfinished(run, supervision, signals.first, left)
+            return unfinished(run, supervision, signals.first, left)
         manifest = finish(run, plan, outcome, steps)
         if signals.later:
             with contextlib.suppress(OSError, UserError):
                 run.note(f"{signals.later} more stop signal(s) arrived while the run was being finished")
         return manifest
-
-
-def _signal_words(signum: int | None) -> str:
-    if signum == signal.SIGTERM:
-        return "terminated (SIGTERM)"
-    if signum == signal.SIGINT:
-        return "interrupted by the user (Ctrl-C)"
-    return "stopped"
-
-
-def _stop_leftover_step(supervision: Supervision | None, grace: float) -> str | None:
-    """The local step's process group must be gone before the run is finished (a Ctrl-C can land between its start
-    and the supervised wait). Stopped here if not; a sentence when even SIGKILL did not end it in time."""
-    pgid = ((supervision.info.get("step") or {}) if supervision else {}).get("pgid")
-    if not isinstance(pgid, int) or not _group_alive(pgid):
-        return None
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace + 10.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not _group_alive(pgid):
-            return None
-    return f"the step's process group {pgid} did not end within {grace + 10.0:g} s of SIGKILL"
-
-
-def _group_alive(pgid: int) -> bool:
-    """Some process of the group runs (zombies, which write nothing, do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rpartition(")")[2].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    return True
-    return False
-
-
-def _expired(run: RunDir, supervision: Supervision | None, signum: int, bound: float) -> None:
-    """The watchdog's last word (another thread; the main one is stuck): the lock file, then one line."""
-    text = (
-        f"{_signal_words(signum)}; stopping the step and finishing the run took longer than {bound:g} s; "
-        "the run was left unfinished for `invoke recover`"
-    )
-    if supervision is not None:
-        with contextlib.suppress(OSError):
-            supervision.stopping(text)
-    print(f"{run.path}: left unfinished ({text})", file=sys.stderr, flush=True)
-
-
-def _unfinished(run: RunDir, supervision: Supervision | None, signum: int | None, why: str) -> dict[str, Any]:
-    """Leave the run for `invoke recover`, its true story written down: in the manifest's notes and in the lock file
-    (which `recover` reads), the lock let go but its file kept. Returns the manifest as it stands."""
-    text = f"{_signal_words(signum)}; {why}; the run was left unfinished for `invoke recover`"
-    if supervision is not None:
-        with contextlib.suppress(OSError):
-            supervision.stopping(text)
-    with contextlib.suppress(OSError, UserError, ValueError):
-        run.note(text)
-    if supervision is not None:
-        supervision.release()
-    try:
-        manifest = run.manifest()
-    except (OSError, UserError, ValueError):
-        manifest = {"status": "running"}
-    return {**manifest, "reason": text}
 
 
 def _image_facts(plan: Plan, runtime: Runtime, ctx: Context) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from draftscope.bench import options
 from draftscope.bench.recover import recover
-from draftscope.bench.supervisor import _unfinished
+from draftscope.bench.stopping import unfinished
 from draftscope.core.config import to_dict
 from draftscope.core.jsonio import read_json
 from draftscope.core.rundir import SUPERVISOR, InputFile, RunDir, liveness
@@ -106,11 +106,11 @@ def test_an_unfinished_run_is_left_for_recover_with_the_true_reason(tmp_path):
     code = f"""
         import json, signal
         from pathlib import Path
-        from draftscope.bench.supervisor import _unfinished
+        from draftscope.bench.stopping import unfinished
         from draftscope.core.rundir import RunDir
         run = RunDir.create(Path({str(tmp_path / "run")!r}), kind="head-bench", config={{}})
         run.set_status("running")
-        manifest = _unfinished(run, run.supervision, signal.SIGINT, "the step's process group 7 did not end")
+        manifest = unfinished(run, run.supervision, signal.SIGINT, "the step's process group 7 did not end")
         print(json.dumps(manifest["reason"]))
         """
     result = python(code)
@@ -144,7 +144,7 @@ def test_recover_puts_the_recorded_stop_first(tmp_path):
     )
     (run.path / "records.jsonl").touch()
     run.set_status("running")
-    _unfinished(run, run.supervision, signal.SIGINT, "the step's process group 7 did not end")
+    unfinished(run, run.supervision, signal.SIGINT, "the step's process group 7 did not end")
     manifest = recover(run.path, say=lambda line: None)
     assert manifest["status"] == "interrupted"
     assert manifest["reason"].startswith(

@@ -18,6 +18,8 @@ from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
 from draftscope.runtime import get_runtime
 
+from support import wall_bound
+
 PRESETS = model_preset_names()
 HYBRID = [p for p in PRESETS if load_model_preset(p).architecture.is_hybrid]
 DENSE = [p for p in PRESETS if not load_model_preset(p).architecture.is_hybrid]
@@ -380,8 +382,8 @@ def test_dry_run_prints_all_stages_creates_nothing_imports_no_torch_and_is_fast(
     assert "speculators.train" in out and "sglang.launch_server" in out and "--speculator-type dflash " in out
     assert list(cwd.iterdir()) == []  # no workdir, no file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "tripwire"]
-    assert (
-        elapsed < 3.0
+    assert elapsed < wall_bound(
+        3.0
     )  # the command itself measures well under a second; the bound absorbs a loaded CI machine
     timed = run_task("--stage", "all", "--dry-run", "--draft", "dflash2", cwd=cwd, extra_env=env)
     assert timed.returncode == 0
@@ -392,7 +394,7 @@ def test_dry_run_in_process_is_well_under_a_second():
     for draft in DRAFTS:
         plan = build("qwen38-27b", draft)
         planning.dry_run_lines(plan, get_runtime("docker"))
-    assert (time.monotonic() - started) / len(DRAFTS) < 0.5
+    assert (time.monotonic() - started) / len(DRAFTS) < wall_bound(0.5)
 
 
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path):

@@ -26,7 +26,7 @@ from draftscope.pipeline.config import load_pipeline_config
 from draftscope.pipeline.slurm import jobs, planfile, shards
 from draftscope.runtime import ContainerRuntime, Context, get_runtime
 
-from support import sbatch_lines
+from support import sbatch_lines, wall_bound
 
 INVOKE_PIPELINE = (
     "from invoke import Collection, Program; from draftscope.cli.pipeline import PIPELINE_TASKS; "
@@ -374,8 +374,8 @@ def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_i
     assert "hsextract.check.sbatch" in submitted[6] and '"${kit[@]}" check "${args[@]}" &' in out
     assert list(cwd.iterdir()) == []  # no workdir, no file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "tripwire"]
-    assert (
-        elapsed < 3.0
+    assert elapsed < wall_bound(
+        3.0
     )  # the command itself takes well under a second; the bound absorbs a loaded CI machine
     plain = run_task("--stage", "all", "--executor", "slurm", "--dry-run", cwd=cwd, extra_env=env)
     assert (
@@ -393,7 +393,7 @@ def test_dry_run_in_process_is_well_under_a_second():
     started = time.monotonic()
     plan = planning.build(resolved, registry.select("all"), Path("/tmp/w"), "docker")
     lines = submit.dry_run_lines(plan, get_runtime("docker"))
-    assert time.monotonic() - started < 0.5 and len(lines) > 100
+    assert time.monotonic() - started < wall_bound(0.5) and len(lines) > 100
 
 
 def test_flag_errors_are_one_line(tmp_path):
