@@ -12,12 +12,18 @@ supervisor lock (`rundir.liveness`): nobody holds it. Recovery then
 4. writes the summary from the records kept (`partial`) and the final status `interrupted`, naming what happened.
 
 Nothing is deleted but the torn fragment and the leftover containers; the run keeps its records and logs.
+
+The lock and the manifest are read from the run directory, which anyone may have edited: no program they name is
+run (only the container engines the kit drives, found on PATH by the kit's name for them), a process group is
+signalled only on the host that ran it and only once it is shown to be this run's step, and the files recovery
+writes are refused when they are links (`lock_facts`, draftscope.core.untrusted).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,20 +34,47 @@ from typing import Any
 
 from draftscope.bench.plan import plan_benchmark
 from draftscope.bench.supervisor import finish
+from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import repair_tail
 from draftscope.core.provenance import now
-from draftscope.core.rundir import FINAL, RECORDS, RunDir, Supervision, liveness
+from draftscope.core.rundir import (
+    FINAL,
+    MANIFEST,
+    RECORDS,
+    RESERVE,
+    SUPERVISOR,
+    RunDir,
+    Supervision,
+    liveness,
+)
+from draftscope.core.untrusted import ENGINES, check_file, check_run_id, engine_program
 from draftscope.runtime import Outcome
 
 Printer = Callable[[str], None]
 FORCE_FIX = "once you are sure nothing of this run still runs, pass --force"
+CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")  # what `ps --quiet` prints; anything else is not passed to `rm`
+
+
+LOCK_FIX = (
+    f"the lock is not one the kit wrote: make sure nothing of this run still runs, delete {SUPERVISOR} and pass "
+    "--force"
+)
+PID_MAX = 1 << 22  # Linux's largest pid_max: a larger number is no process
 
 
 def recover(path: Path, *, force: bool = False, say: Printer = print) -> dict[str, Any]:
-    """Finish the run at `path`; returns its final manifest. Refuses (UserError) a live or finished run."""
+    """Finish the run at `path`; returns its final manifest. Refuses (UserError) a live or finished run.
+
+    Everything read from the run is checked before it is used (draftscope.core.untrusted): the manifest against
+    its schema, the lock's facts for their types, its engine against the engines the kit drives; the files that
+    recovery writes must be regular files of the run, not links (a link would redirect the write)."""
     run = RunDir.open(path)
+    for rel in (MANIFEST, RECORDS, SUPERVISOR, "worker.json", RESERVE):
+        check_file(run.path, rel, links=False)
     manifest = run.manifest()
+    schemas.check(manifest, "run-manifest", str(run.manifest_path))
+    check_run_id(manifest["run_id"], source=str(run.manifest_path))
     status = manifest["status"]
     if status in FINAL:
         raise UserError(
@@ -54,10 +87,11 @@ def recover(path: Path, *, force: bool = False, say: Printer = print) -> dict[st
             fix="give a benchmark run",
         )
     state = liveness(run.path, status)
-    if state.state == "live" and state.info.get("recovering"):
+    info = lock_facts(state.info, run.path / SUPERVISOR)
+    if state.state == "live" and info.get("recovering"):
         raise UserError(state.describe(), source=str(run.path), fix="let that recovery finish")
     if state.state == "live":
-        pid = state.info.get("pid")
+        pid = info.get("pid")
         raise UserError(
             state.describe(),
             source=str(run.path),
@@ -71,13 +105,44 @@ def recover(path: Path, *, force: bool = False, say: Printer = print) -> dict[st
         )
     supervision = Supervision.adopt(run.path)  # refuses if a second recover got there first
     try:
-        info = dict(state.info)
         left = _stop_leftovers(run.path, manifest, info, force=force, say=say)
         cut = repair_tail(run.path / RECORDS)
         run.supervision = supervision
         return _close(run, manifest, info, left, cut)
     finally:
         supervision.release()  # when finishing failed; a no-op after `end`
+
+
+def lock_facts(info: Any, lock: Path) -> dict[str, Any]:
+    """The lock's facts, each of the type the kit writes (`Supervision`): a pid or pgid is a plausible process
+    number, a host a name, an engine one the kit drives. Anything else is refused, naming the field: a lock is
+    read from the run directory, and its numbers choose which processes are signalled."""
+    if not isinstance(info, Mapping):
+        raise UserError("the supervisor lock is not a JSON object", source=str(lock), fix=LOCK_FIX)
+
+    def bad(field: str, value: Any, what: str) -> UserError:
+        return UserError(f"must be {what}", source=str(lock), field=field, value=value, fix=LOCK_FIX)
+
+    def number(field: str, value: Any) -> None:
+        if value is not None and (type(value) is not int or not 1 < value <= PID_MAX):
+            raise bad(field, value, f"a process number (an integer from 2 to {PID_MAX})")
+
+    for key in ("pid", "recovering"):
+        number(key, info.get(key))
+    for key in ("host", "since"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise bad(key, info[key], "a string")
+    step = info.get("step")
+    if step is not None:
+        if not isinstance(step, Mapping):
+            raise bad("step", step, "an object (name, pgid or engine and container)")
+        number("step.pgid", step.get("pgid"))
+        for key in ("name", "container"):
+            if step.get(key) is not None and not isinstance(step[key], str):
+                raise bad(f"step.{key}", step[key], "a string")
+        if step.get("engine") is not None:
+            engine_program(step["engine"], source=str(lock), field="step.engine", fix=LOCK_FIX)
+    return dict(info)
 
 
 def _stop_leftovers(
@@ -87,28 +152,33 @@ def _stop_leftovers(
     step = info.get("step") or {}
     host = info.get("host")
     here = socket.gethostname()
-    engine = step.get("engine") or (
-        manifest["config"].get("runtime")
-        if manifest["config"].get("runtime") in ("docker", "podman")
-        else None
-    )
-    if host not in (None, here) and (engine or step.get("pgid")) and not force:
+    runtime = manifest["config"].get("runtime")
+    engine = step.get("engine") or (runtime if runtime in ENGINES else None)
+    pgid = step.get("pgid")
+    if host != here and (engine or pgid) and not force:
+        where = f"ran on host {host}" if host else "records no host"
         raise UserError(
-            f"the run's supervisor ran on host {host}, where its step may still run",
+            f"the run's supervisor {where}, where its step may still run",
             source=str(run),
-            fix=f"run `invoke recover` on {host}; {FORCE_FIX}",
+            fix=(f"run `invoke recover` on {host}; " if host else "") + FORCE_FIX,
         )
     done: list[str] = []
     if engine:
-        done += _remove_containers(engine, manifest["run_id"], force=force, say=say)
-    pgid = step.get("pgid")
-    if isinstance(pgid, int) and host in (None, here):
+        program = engine_program(
+            engine, source=str(run / MANIFEST), field="$.config.runtime", fix="restore the run's manifest"
+        )
+        done += _remove_containers(engine, program, manifest["run_id"], force=force, say=say)
+    if pgid is not None and host == here:
         done += _stop_group(pgid, run, force=force, say=say)
+    elif pgid is not None:
+        done.append(f"process group {pgid} not checked: the supervisor ran on {host or 'an unrecorded host'}")
     return done
 
 
-def _remove_containers(engine: str, run_id: str, *, force: bool, say: Printer) -> list[str]:
-    listing = _engine(engine, "ps", "--all", "--quiet", "--filter", f"label=draftscope.run={run_id}")
+def _remove_containers(
+    engine: str, program: str | None, run_id: str, *, force: bool, say: Printer
+) -> list[str]:
+    listing = _engine(program, "ps", "--all", "--quiet", "--filter", f"label=draftscope.run={run_id}")
     if listing is None or listing.returncode != 0:
         why = (
             "not installed" if listing is None else (listing.stderr.strip().splitlines() or ["no answer"])[0]
@@ -122,16 +192,19 @@ def _remove_containers(engine: str, run_id: str, *, force: bool, say: Printer) -
             value=engine,
             fix=f"start the engine (invoke doctor) so its containers can be stopped; {FORCE_FIX}",
         )
-    ids = listing.stdout.split()
+    ids = [i for i in listing.stdout.split() if CONTAINER_ID.fullmatch(i)]
     for ident in ids:
         say(f"removing container {ident[:12]} left by the run")
-        _engine(engine, "rm", "--force", ident)
+        _engine(program, "rm", "--force", ident)
     return [f"{len(ids)} leftover container(s) removed"] if ids else []
 
 
-def _engine(engine: str, *args: str) -> subprocess.CompletedProcess | None:
+def _engine(program: str | None, *args: str) -> subprocess.CompletedProcess | None:
+    """`program` (a kit-known engine found on PATH, `engine_program`) with `args`; None when it cannot run."""
+    if program is None:
+        return None
     try:
-        return subprocess.run([engine, *args], capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run([program, *args], capture_output=True, text=True, timeout=120, check=False)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
 
@@ -181,12 +254,30 @@ def _alive(pgid: int) -> bool:
 
 
 def _belongs_to(pgid: int, run: Path) -> bool:
-    """The group leader's command line names the run directory (a reused pid would not)."""
+    """The group's leader is this run's step: it leads its own group, is this user's, and its command line has
+    `--run-dir` naming this run directory (resolved from the process's own working directory). A reused pid, or a
+    number a planted lock chose, would not pass."""
+    proc = Path(f"/proc/{pgid}")
     try:
-        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        fields = (proc / "stat").read_text().rpartition(")")[2].split()
+        words = (proc / "cmdline").read_bytes().split(b"\0")
+        owner = proc.stat().st_uid
+        cwd = os.readlink(proc / "cwd")
+    except (OSError, IndexError):
         return False
-    return str(Path(run).absolute()) in cmdline
+    if len(fields) < 3 or fields[2] != str(pgid) or owner != os.getuid():
+        return False
+    want = os.path.realpath(run)
+    for i, word in enumerate(words):
+        text = word.decode(errors="replace")
+        value = None
+        if text == "--run-dir" and i + 1 < len(words):
+            value = words[i + 1].decode(errors="replace")
+        elif text.startswith("--run-dir="):
+            value = text.partition("=")[2]
+        if value and os.path.realpath(os.path.join(cwd, value)) == want:
+            return True
+    return False
 
 
 def _close(
@@ -202,7 +293,11 @@ def _close(
         if entry.get("status") == "running":
             entry.update(status="interrupted", exit_code=None, seconds=None)
             name = name or entry["name"]
-    who = f"pid {info['pid']} on {info['host']}" if info.get("pid") else "the supervisor"
+    who = (
+        f"pid {info['pid']} on {info.get('host') or 'an unrecorded host'}"
+        if info.get("pid")
+        else "the supervisor"
+    )
     parts = [
         f"the supervisor ({who}) was killed without recording an end (SIGKILL, the OOM killer or a crash)"
         + (f" during step '{name}'" if name else ""),
