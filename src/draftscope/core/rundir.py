@@ -37,6 +37,7 @@ from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json, sha256_file
 from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SLURM_SUFFIX, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
 from draftscope.core.provenance import command_line, kit_info, now
+from draftscope.core.untrusted import check_file
 from draftscope.core.validate import validate_run
 
 # Space set aside at creation and given back right before the final summary and status are written, so that a
@@ -405,6 +406,7 @@ def liveness(run: Path, status: str | None = None) -> Liveness:
     """Whether an unfinished run still has a supervisor. Takes the lock for an instant when nobody holds it."""
     run = Path(run)
     if status is None:
+        check_file(run, MANIFEST)  # a named pipe would hang the reader
         manifest = read_json(run / MANIFEST)
         status = manifest.get("status") if isinstance(manifest, dict) else None
     if status in FINAL:
