@@ -37,6 +37,7 @@ leaves the machine), reviewed together.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import io
@@ -205,8 +206,9 @@ class HostPaths:
 
 
 def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
-    """Where the run directory was when it ran (it may have moved since): the host side of its mount, the
-    `--run-dir` of a local step, and an `--output` of the command line that names the run."""
+    """Where the run directory was when it ran (it may have moved since): the host side of its mount (`--mount`, or
+    an older run's `--volume`), the `--run-dir` of a local step, and an `--output` of the command line that names
+    the run."""
     found: list[str] = []
     mount = re.compile(rf"(/.+):{re.escape(RUN_MOUNT)}(?::\w+)?")
 
@@ -223,6 +225,8 @@ def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
                 value = word.split("=", 1)[1]
             elif (m := mount.fullmatch(word)) is not None:
                 value = m.group(1)
+            elif word.startswith("type=bind,") or word.startswith('"type=bind'):
+                value = _bind_source(word, RUN_MOUNT)
             if (
                 value
                 and value.startswith("/")
@@ -237,6 +241,16 @@ def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
     if isinstance(run_id, str) and run_id:
         scan(manifest.get("command_line"), "--output", run_id)
     return found
+
+
+def _bind_source(spec: str, target: str) -> str | None:
+    """The source of a `--mount type=bind,source=S,target=T` value (one CSV record) when T is `target`."""
+    try:
+        row = next(csv.reader([spec]))
+    except (csv.Error, StopIteration):
+        return None
+    fields = dict(item.split("=", 1) for item in row if "=" in item)
+    return fields.get("source") if fields.get("target") == target else None
 
 
 @dataclass

@@ -522,6 +522,14 @@ def test_members_without_paths_keep_their_bytes_and_bundles_repeat(tmp_path, mon
         ("PATH=/usr/local/bin:/Users/Ann Lee/bin", "PATH=…/bin:~/bin"),
         ("/mnt/a/b/../c/", "…/c"),
         (f"/mnt/x/cache:{CACHE_MOUNT}:ro", f"…/cache:{CACHE_MOUNT}:ro"),
+        (
+            f"type=bind,source=/data/runs/exp 1/R7,target={RUN_MOUNT}",
+            f"type=bind,source=<run>,target={RUN_MOUNT}",
+        ),
+        (
+            f"type=bind,source=/mnt/x/cache,target={CACHE_MOUNT},readonly",
+            f"type=bind,source=…/cache,target={CACHE_MOUNT},readonly",
+        ),
         (f"{RUN_MOUNT}/inputs/prompts.json", f"{RUN_MOUNT}/inputs/prompts.json"),
         ("/draftscope/models/target", "/draftscope/models/target"),
         ("/tmp/home/.cache/vllm", "/tmp/home/.cache/vllm"),
@@ -605,3 +613,12 @@ def test_links_and_pipes_among_the_other_files_are_left_out(tmp_path):
         assert not [n for n in names if "out.log" in n or "elsewhere" in n or "pipe" in n]
         packed = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
         assert b"outside-the-run-5521" not in packed
+
+
+def test_a_runs_recorded_mount_source_counts_as_the_run(tmp_path):
+    from draftscope.runtime.container import mount_spec
+
+    old = "/old/place, with a comma/R1"
+    manifest = {"steps": [{"argv": ["docker", "run", "--mount", mount_spec(old, RUN_MOUNT, False)]}]}
+    paths = HostPaths.for_run(tmp_path / "R1", manifest, home="/nowhere")
+    assert paths.path(f"{old}/logs/x.log") == "<run>/logs/x.log"
