@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from draftscope.bench.plan import plan_benchmark
+from draftscope.bench.plan import Plan, plan_benchmark
 from draftscope.bench.supervisor import finish
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
@@ -103,12 +103,17 @@ def recover(path: Path, *, force: bool = False, say: Printer = print) -> dict[st
             source=str(run.path),
             fix=f"check that no `invoke benchmark` for this run still runs; {FORCE_FIX}",
         )
+    # lazy: bench.reproduce brings analysis.compare and numpy; `recover`'s checks need neither
+    from draftscope.bench.reproduce import config_of
+
+    # The frozen config is checked (and the plan made) before anything is stopped or written.
+    plan = plan_benchmark(config_of(run.path, manifest), str(run.path))
     supervision = Supervision.adopt(run.path)  # refuses if a second recover got there first
     try:
         left = _stop_leftovers(run.path, manifest, info, force=force, say=say)
         cut = repair_tail(run.path / RECORDS)
         run.supervision = supervision
-        return _close(run, manifest, info, left, cut)
+        return _close(run, plan, manifest, info, left, cut)
     finally:
         supervision.release()  # when finishing failed; a no-op after `end`
 
@@ -281,12 +286,13 @@ def _belongs_to(pgid: int, run: Path) -> bool:
 
 
 def _close(
-    run: RunDir, manifest: Mapping[str, Any], info: Mapping[str, Any], left: list[str], cut: int
+    run: RunDir,
+    plan: Plan,
+    manifest: Mapping[str, Any],
+    info: Mapping[str, Any],
+    left: list[str],
+    cut: int,
 ) -> dict[str, Any]:
-    # lazy: bench.reproduce brings analysis.compare and numpy; `recover`'s checks need neither
-    from draftscope.bench.reproduce import config_of
-
-    plan = plan_benchmark(config_of(run.path, manifest), str(run.path))
     steps = [dict(s) for s in manifest.get("steps", [])]
     name = (info.get("step") or {}).get("name")
     for entry in steps:
