@@ -108,6 +108,7 @@ def recover(path: Path, *, force: bool = False, say: Printer = print) -> dict[st
 
     # The frozen config is checked (and the plan made) before anything is stopped or written.
     plan = plan_benchmark(config_of(run.path, manifest), str(run.path))
+    _check_leftovers(run.path, manifest, info, force=force)  # its refusals come before the lock is taken
     supervision = Supervision.adopt(run.path)  # refuses if a second recover got there first
     try:
         left = _stop_leftovers(run.path, manifest, info, force=force, say=say)
@@ -150,30 +151,50 @@ def lock_facts(info: Any, lock: Path) -> dict[str, Any]:
     return dict(info)
 
 
-def _stop_leftovers(
-    run: Path, manifest: Mapping[str, Any], info: Mapping[str, Any], *, force: bool, say: Printer
-) -> list[str]:
-    """Stop the step's work that outlived its supervisor; returns what was done, for the reason."""
-    step = info.get("step") or {}
-    host = info.get("host")
-    here = socket.gethostname()
+def _engine_of(manifest: Mapping[str, Any], info: Mapping[str, Any]) -> str | None:
     runtime = manifest["config"].get("runtime")
-    engine = step.get("engine") or (runtime if runtime in ENGINES else None)
-    pgid = step.get("pgid")
-    if host != here and (engine or pgid) and not force:
+    return (info.get("step") or {}).get("engine") or (runtime if runtime in ENGINES else None)
+
+
+def _check_leftovers(run: Path, manifest: Mapping[str, Any], info: Mapping[str, Any], *, force: bool) -> None:
+    """Refuse, before anything is taken or stopped, a step that may run on another host or a live process group
+    that cannot be shown to be this run's."""
+    step = info.get("step") or {}
+    host, pgid = info.get("host"), step.get("pgid")
+    if host != socket.gethostname() and (_engine_of(manifest, info) or pgid) and not force:
         where = f"ran on host {host}" if host else "records no host"
         raise UserError(
             f"the run's supervisor {where}, where its step may still run",
             source=str(run),
             fix=(f"run `invoke recover` on {host}; " if host else "") + FORCE_FIX,
         )
+    local = pgid is not None and host == socket.gethostname()
+    if local and not force and _alive(pgid) and not _belongs_to(pgid, run):
+        raise _not_this_runs(pgid, run)
+
+
+def _not_this_runs(pgid: int, run: Path) -> UserError:
+    return UserError(
+        f"the step's process group {pgid} is alive, and it cannot be confirmed to be this run's",
+        source=str(run),
+        fix=f"stop it yourself (`kill -TERM -- -{pgid}`) if it is; {FORCE_FIX}",
+    )
+
+
+def _stop_leftovers(
+    run: Path, manifest: Mapping[str, Any], info: Mapping[str, Any], *, force: bool, say: Printer
+) -> list[str]:
+    """Stop the step's work that outlived its supervisor; returns what was done, for the reason."""
+    host = info.get("host")
+    engine = _engine_of(manifest, info)
+    pgid = (info.get("step") or {}).get("pgid")
     done: list[str] = []
     if engine:
         program = engine_program(
             engine, source=str(run / MANIFEST), field="$.config.runtime", fix="restore the run's manifest"
         )
         done += _remove_containers(engine, program, manifest["run_id"], force=force, say=say)
-    if pgid is not None and host == here:
+    if pgid is not None and host == socket.gethostname():
         done += _stop_group(pgid, run, force=force, say=say)
     elif pgid is not None:
         done.append(f"process group {pgid} not checked: the supervisor ran on {host or 'an unrecorded host'}")
@@ -220,11 +241,7 @@ def _stop_group(pgid: int, run: Path, *, force: bool, say: Printer, grace: float
     if not _belongs_to(pgid, run):
         if force:
             return [f"process group {pgid} is alive but not recognisably this run's: left alone"]
-        raise UserError(
-            f"the step's process group {pgid} is alive, and it cannot be confirmed to be this run's",
-            source=str(run),
-            fix=f"stop it yourself (`kill -TERM -- -{pgid}`) if it is; {FORCE_FIX}",
-        )
+        raise _not_this_runs(pgid, run)
     say(f"stopping the step's process group {pgid}, which outlived its supervisor")
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
