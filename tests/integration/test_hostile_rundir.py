@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import tarfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -376,7 +377,7 @@ def snapshot(root: Path, skip: tuple[Path, ...]) -> dict[str, object]:
 
 @dataclass
 class Outcome:
-    returncode: int
+    returncode: int | None  # None: it hung
     stdout: str
     stderr: str
     changed: list[str]
@@ -414,10 +415,14 @@ def attempt(case: Case, world: Path, prepared: dict[str, Path]) -> Outcome:
         args.append(arg)
     env = {"PATH": f"{world / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     # From a folder of the test's own (where a default output would land), the kit's tasks named by -r.
-    result = run_invoke("-r", str(ROOT), *args, cwd=world / "cwd", env=env, timeout=120)
+    try:
+        result = run_invoke("-r", str(ROOT), *args, cwd=world / "cwd", env=env, timeout=60)
+        code, stdout, stderr = result.returncode, result.stdout, result.stderr
+    except subprocess.TimeoutExpired:  # a reader blocked on a planted pipe: the command hung
+        code, stdout, stderr = None, "", "the command hung (no answer within 60 s)"
     after = snapshot(world, skip)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    return Outcome(result.returncode, result.stdout, result.stderr, changed, mark.exists(), world)
+    return Outcome(code, stdout, stderr, changed, mark.exists(), world)
 
 
 @pytest.fixture(scope="module")
@@ -445,6 +450,7 @@ def test_a_hostile_run_directory_is_refused_or_ignored(case: Case, outcomes):
     out = outcomes[case.id]
     said = out.stdout[-2000:] + out.stderr[-3000:]
     assert not out.canary, f"the planted program ran: {said}"
+    assert out.returncode is not None, out.stderr
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.changed == [], f"written outside the command's output: {out.changed}"
     if case.expect is None:
