@@ -6,7 +6,7 @@ made it chose every byte of its manifest, its records and its supervisor lock. S
 that is not checked against a strict form, and no path outside the run:
 
 - a program comes from the kit's own list (`engine_program`): the container engines the kit drives, looked up on
-  PATH by the kit's name for them; a lock naming another program (`/tmp/x`, `sh`) is refused;
+  PATH by the kit's name for them; a lock naming another program (an absolute path, `sh`) is refused;
 - a name that becomes a path (the run id: an archive's top folder, a comparison's file name) must have the run id's
   form (`check_run_id`): no `/`, no `..`, no NUL, no newline, at most 128 characters;
 - a file of the run is read only when it is a regular file inside the run (`file_problem`): a named pipe would hang
