@@ -134,8 +134,8 @@ def test_vllm_dry_run_prints_the_container_command_without_torch(tmp_path):
     for needle in (
         "localhost/draftscope-vllm",
         "--gpus all",
-        "/draftscope/run:rw",
-        "/draftscope/cache/huggingface:ro",
+        "target=/draftscope/run",
+        "target=/draftscope/cache/huggingface,readonly",
         "RedHatAI/Qwen3.8-27B-INT4",
         "z-lab/Qwen3.8-27B-DFlash2",
         "--network none",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -416,7 +417,106 @@ CASES = [
         if READ_ONLY_POSSIBLE
         else []
     ),
+    # --- untrusted run directories (h18-trust) ---------------------------------------------------------------------
+    # A run directory is data: a lock or manifest naming a program, a run id naming a path, a file that is a pipe or
+    # a link out of the run is refused before anything runs or is written (tests/integration/test_hostile_rundir.py
+    # covers each command more widely).
+    Bad(
+        "recover-lock-names-a-program",
+        ("recover", "{tmp}/run"),
+        "step.engine: names a program that is not a container engine",
+        setup=lambda tmp: planted_run(
+            tmp, killed=True, lock={"step": {"name": "b", "engine": str(tmp / "canary")}}
+        ),
+    ),
+    Bad(
+        "recover-lock-pgid-not-a-number",
+        ("recover", "{tmp}/run"),
+        "step.pgid: must be a process number",
+        setup=lambda tmp: planted_run(tmp, killed=True, lock={"step": {"name": "b", "pgid": "-1"}}),
+    ),
+    Bad(
+        "recover-manifest-without-status",
+        ("recover", "{tmp}/run"),
+        "'status' is required",
+        setup=lambda tmp: planted_run(tmp, killed=True, manifest=lambda d: d.pop("status")),
+    ),
+    Bad(
+        "share-run-id-escapes",
+        ("share", "{tmp}/run", "--output", "{tmp}/b.tar.gz"),
+        "$.run_id: is not a run id",
+        setup=lambda tmp: planted_run(tmp, manifest=lambda d: d.update(run_id="../../escape")),
+    ),
+    Bad(
+        "share-manifest-links-out",
+        ("share", "{tmp}/run", "--output", "{tmp}/b.tar.gz"),
+        "manifest.json is a link pointing out of the run directory",
+        setup=lambda tmp: planted_run(tmp, link_out="manifest.json"),
+    ),
+    Bad(
+        "analyze-records-a-named-pipe",
+        ("analyze", "{tmp}/run"),
+        "records.jsonl is a named pipe",
+        setup=lambda tmp: planted_run(tmp, fifo="records.jsonl"),
+    ),
+    Bad(
+        "compare-an-unfinished-run",
+        ("compare", "{tmp}/run", "{tmp}/run2", "--output", "{tmp}/c.json"),
+        "run run2 is unfinished (status 'interrupted'",
+        setup=lambda tmp: (
+            planted_run(tmp),
+            planted_run(tmp, "run2", manifest=lambda d: d.update(status="interrupted", reason="killed")),
+        ),
+    ),
+    Bad(
+        "compare-resamples-absurd",
+        ("compare", "{tmp}/run", "{tmp}/run2", "--resamples", "1000000000", "--output", "{tmp}/c.json"),
+        "--resamples: must be at most 1,000,000",
+        setup=lambda tmp: (planted_run(tmp), planted_run(tmp, "run2")),
+    ),
+    Bad(
+        "reproduce-prompt-copy-links-out",
+        ("reproduce", "{tmp}/run", "--output", "{tmp}/new"),
+        "inputs/prompts.json is a link pointing out of the run directory",
+        setup=lambda tmp: planted_run(tmp, link_out="inputs/prompts.json"),
+    ),
 ]
+
+
+def planted_run(
+    tmp: Path,
+    name: str = "run",
+    *,
+    killed: bool = False,
+    lock: dict | None = None,
+    manifest: Callable[[dict], None] | None = None,
+    link_out: str | None = None,
+    fifo: str | None = None,
+) -> None:
+    """A small synthetic run (the kit's RunDir; no model runs) at {tmp}/NAME, with one hostile thing planted:
+    `killed` leaves it `running` with the lock of a dead supervisor (facts updated by `lock`)."""
+    import json
+
+    from test_analysis_synthetic import make_run
+
+    run = make_run(tmp / name, repeats=1)
+    doc = json.loads((run / "manifest.json").read_text())
+    if killed:
+        doc.update(status="running", reason=None, finished_at=None)
+        (run / "summary.json").unlink()
+        facts = {"pid": 4_000_000, "host": socket.gethostname(), **(lock or {})}
+        (run / ".supervisor").write_text(json.dumps(facts))
+    if manifest is not None:
+        manifest(doc)
+    (run / "manifest.json").write_text(json.dumps(doc))
+    if link_out is not None:
+        outside = tmp / f"outside-{Path(link_out).name}"
+        outside.write_bytes((run / link_out).read_bytes())
+        (run / link_out).unlink()
+        (run / link_out).symlink_to(outside)
+    if fifo is not None:
+        (run / fifo).unlink()
+        os.mkfifo(run / fifo)
 
 
 def snapshot(folder: Path, ignore: tuple[str, ...] = ()) -> dict[str, bytes | None]:

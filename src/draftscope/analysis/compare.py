@@ -28,6 +28,25 @@ def default_output(base: Run, candidate: Run) -> Path:
     return Path("comparisons") / f"{base.run_id}__{candidate.run_id}.json"
 
 
+def refuse_unfinished(runs: Sequence[Run], *, allowed: bool) -> None:
+    """A run that did not complete (running, failed, timed out, interrupted) covers only the prompts it reached, in
+    conditions that may have changed as it ended: comparing it is refused unless asked for (`--allow-unfinished`),
+    and then the comparison names it partial."""
+    if allowed:
+        return
+    for run in runs:
+        if run.status != "completed":
+            reason = run.manifest.get("reason")
+            raise UserError(
+                f"run {run.run_id} is unfinished (status '{run.status}'"
+                + (f": {reason}" if reason else "")
+                + "); its figures cover only the records it wrote",
+                source=str(run.path),
+                fix="compare completed runs, or pass --allow-unfinished to compare its finished records "
+                "(the comparison is marked partial)",
+            )
+
+
 def join(base: Run, candidate: Run, *, allow_subset: bool) -> tuple[list[str], dict[str, Any]]:
     """Prompt hashes both runs have, in the base's order; refuse differing sets unless `allow_subset`."""
     b, c = base.by_prompt, candidate.by_prompt

@@ -37,6 +37,7 @@ from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_text, read_json, sha256_file
 from draftscope.core.resources import repo_root
 from draftscope.core.rundir import FINAL, MANIFEST
+from draftscope.core.untrusted import check_file, check_run_id
 from draftscope.core.validate import validate_run
 
 SUMS = "SHA256SUMS"
@@ -380,7 +381,12 @@ def _add_run(root: Path, source: Path, study: str) -> list[str]:
         raise UserError(
             f"the run is still '{manifest['status']}'", source=str(source), fix="add a finished run"
         )
-    dest = root / "evidence" / study / "runs" / manifest["run_id"]
+    dest = (
+        root / "evidence" / study / "runs" / check_run_id(manifest["run_id"], source=str(source / MANIFEST))
+    )
+    for path in sorted(source.rglob("*")):  # copied with links followed: each must stay in the run
+        if path.is_symlink() or not path.is_dir():
+            check_file(source, path.relative_to(source).as_posix())
     _refuse(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(source, dest, symlinks=False)  # fails if dest appeared meanwhile: never merged
@@ -391,7 +397,16 @@ def _add_comparison(root: Path, source: Path, study: str) -> list[str]:
     doc = read_json(source)
     schemas.check(doc, "comparison", str(source))
     folder = root / "evidence" / study / "comparisons"
-    files = [source] + ([source.parent / doc["figure"]] if doc.get("figure") else [])
+    figure = doc.get("figure")
+    if figure and (Path(figure).name != figure or figure in (".", "..")):
+        raise UserError(
+            "must name a file beside the comparison",
+            source=str(source),
+            field="$.figure",
+            value=figure,
+            fix="give the figure's file name only, as `invoke compare` writes it",
+        )
+    files = [source] + ([source.parent / figure] if figure else [])
     for f in files:
         if not f.is_file():
             raise UserError("the comparison's figure is missing", source=str(f))

@@ -22,6 +22,7 @@ from draftscope.core.jsonio import read_json, sha256_file
 from draftscope.core.presets import ExperimentConfig, load_model_preset, resolve_draft, resolve_target
 from draftscope.core.rundir import FINAL, MANIFEST, RECORDS, SUMMARY, liveness
 from draftscope.core.summary import summarize
+from draftscope.core.untrusted import check_file, check_run_id
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,11 @@ def load_run(path: Path | str) -> Run:
             source=str(path),
             fix="give a folder that `invoke benchmark` created",
         )
+    for name in (MANIFEST, RECORDS, SUMMARY):  # regular files of the run: no pipe, folder or link out of it
+        check_file(path, name)
     manifest = read_json(path / MANIFEST)
     schemas.check(manifest, "run-manifest", str(path / MANIFEST))
+    check_run_id(manifest["run_id"], source=str(path / MANIFEST))  # it names comparison files
     records, notes = read_records(path / RECORDS)
     summary = None
     if (path / SUMMARY).is_file():

@@ -6,6 +6,7 @@ mounts, environment (values, and credentials passed by name only), GPUs, time li
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -87,10 +88,11 @@ def load_prompts(path: str) -> Prompts:
     data = read_json(resolved)
     check(data, "prompts", str(resolved))
     ids = [p["id"] for p in data["prompts"]]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)  # linear: a prompt file may be large
     if duplicates:
+        more = f" (and {len(duplicates) - 5} more)" if len(duplicates) > 5 else ""
         raise UserError(
-            f"duplicate prompt ids {duplicates}",
+            f"duplicate prompt ids {duplicates[:5]}{more}",
             source=str(resolved),
             field="prompts[].id",
             fix="give every prompt a unique id",

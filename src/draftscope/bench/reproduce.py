@@ -23,6 +23,7 @@ from draftscope.core.config import build
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import sha256_file
 from draftscope.core.presets import ExperimentConfig
+from draftscope.core.untrusted import check_file
 from draftscope.runtime import get_runtime
 
 LOCAL_NOTE = "image checks skipped: the local runtime runs in this Python environment, not in an image"
@@ -49,7 +50,16 @@ def config_of(path: Path, manifest: Mapping[str, Any]) -> ExperimentConfig:
     if not entries:
         raise UserError("the manifest records no prompt file", source=str(path), field="inputs")
     entry = entries[0]
-    copy = path / "inputs" / Path(entry["path"]).name
+    name = Path(entry["path"]).name
+    if name in ("", ".", ".."):
+        raise UserError(
+            "names no prompt file",
+            source=str(path / "manifest.json"),
+            field="$.inputs[].path",
+            value=entry["path"],
+        )
+    check_file(path, f"inputs/{name}")  # the run's own copy: no pipe, folder or link out of the run
+    copy = path / "inputs" / name
     if not copy.is_file():
         raise UserError(
             "the run has no copy of its prompt file",

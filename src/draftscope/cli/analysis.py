@@ -19,14 +19,20 @@ from draftscope.cli.command import command, group
 from draftscope.cli.render import console
 from draftscope.core.errors import UserError
 
+# The bootstrap holds every resample's median in memory and takes time in proportion: a million gives a 95% interval
+# whose ends move by far less than any threshold, in seconds; a larger number only risks the machine.
+MAX_RESAMPLES = 1_000_000
 
-def _int(value, flag: str, minimum: int) -> int:
+
+def _int(value, flag: str, minimum: int, maximum: int | None = None, why: str | None = None) -> int:
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UserError("expected an integer", field=flag, value=value) from None
     if number < minimum:
         raise UserError(f"must be at least {minimum}", field=flag, value=value)
+    if maximum is not None and number > maximum:
+        raise UserError(f"must be at most {maximum:,}", field=flag, value=value, fix=why)
     return number
 
 
@@ -67,19 +73,37 @@ def analyze(c, path, run=None, report=None):
         "allow_subset": "compare the shared prompts when the prompt sets differ (the missing ones are named)",
         "output": "comparison file to create (default comparisons/BASE__CANDIDATE.json; never overwritten)",
         "study": "take the frozen threshold, resamples and seed from research/studies/STUDY.yaml",
+        "allow_unfinished": "compare a run that did not complete (running, failed, timed out, interrupted): its "
+        "finished records only, the comparison marked partial",
     }
 )
 def compare(
-    c, base, candidate, threshold=None, resamples=None, seed=None, allow_subset=False, output=None, study=None
+    c,
+    base,
+    candidate,
+    threshold=None,
+    resamples=None,
+    seed=None,
+    allow_subset=False,
+    output=None,
+    study=None,
+    allow_unfinished=False,
 ):
     """Paired per-prompt latency ratios of CANDIDATE vs BASE, median with a bootstrap 95% CI, admission verdict,
     A/A noise band and greedy token check; writes comparison.json and a figure."""
     # lazy: numpy (and matplotlib for the figure), only for `compare`
-    from draftscope.analysis.compare import compare_runs, default_output, summary_lines, write_comparison
+    from draftscope.analysis.compare import (
+        compare_runs,
+        default_output,
+        refuse_unfinished,
+        summary_lines,
+        write_comparison,
+    )
     from draftscope.analysis.stats import parse_threshold
 
     frozen = _study_admission(study, (threshold, resamples, seed)) if study else {}
     b, cand = load_run(base), load_run(candidate)
+    refuse_unfinished((b, cand), allowed=bool(allow_unfinished))
     if study:
         check_study_inputs(frozen["protocol"], {r.run_id: r.prompts_sha256 for r in (b, cand)})
     path = Path(output) if output else default_output(b, cand)
@@ -89,7 +113,17 @@ def compare(
         b,
         cand,
         threshold=frozen.get("threshold", parse_threshold(threshold or "1%")),
-        resamples=frozen.get("resamples", _int(resamples or 10_000, "--resamples", 1)),
+        resamples=frozen.get(
+            "resamples",
+            _int(
+                resamples or 10_000,
+                "--resamples",
+                1,
+                MAX_RESAMPLES,
+                "each resample is held in memory and computed; the 95% interval is settled long before this, "
+                "so give e.g. --resamples 10000",
+            ),
+        ),
         seed=frozen.get("seed", _int(seed or 0, "--seed", 0)),
         allow_subset=bool(allow_subset),
         study=study,

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json, 
 from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SLURM_SUFFIX, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
 from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import command_line, kit_info, now
+from draftscope.core.untrusted import check_file
 from draftscope.core.validate import validate_run
 
 # Space set aside at creation and given back right before the final summary and status are written, so that a
@@ -341,11 +343,21 @@ class Supervision:
         if fcntl is None:
             return cls(path, None)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # No link followed, no blocking on a named pipe: the lock file is the run's own, and it is written.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
             raise UserError(
-                f"the supervisor lock cannot be opened: {exc.strerror}", source=str(path)
+                f"the supervisor lock cannot be opened: {exc.strerror}",
+                source=str(path),
+                fix="it must be a regular file of the run (not a link)",
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(
+                "the supervisor lock is not a regular file",
+                source=str(path),
+                fix="remove it and pass --force",
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -356,10 +368,8 @@ class Supervision:
                 fix="let it finish; run `invoke validate` on the run afterwards",
             ) from None
         supervision = cls(path, fd)
-        try:  # keep what the dead supervisor wrote (a failed recovery leaves it for the next attempt)
-            supervision._info = {**json.loads(os.pread(fd, 1 << 16, 0) or b"{}"), "recovering": os.getpid()}
-        except ValueError:
-            supervision._info["recovering"] = os.getpid()
+        # Keep what the dead supervisor wrote (a failed recovery leaves it for the next attempt).
+        supervision._info = {**(_lock_info(fd) or supervision._info), "recovering": os.getpid()}
         supervision._write()
         return supervision
 
@@ -423,31 +433,43 @@ class Liveness:
         }[self.state]
 
 
+def _lock_info(fd: int) -> dict[str, Any]:
+    """What a lock file says, when it is a JSON object; {} otherwise (its fields are checked where they are used)."""
+    try:
+        info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (ValueError, OSError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def liveness(run: Path, status: str | None = None) -> Liveness:
     """Whether an unfinished run still has a supervisor. Takes the lock for an instant when nobody holds it."""
     run = Path(run)
     if status is None:
-        status = read_json(run / MANIFEST).get("status")
+        check_file(run, MANIFEST)  # a named pipe would hang the reader
+        manifest = read_json(run / MANIFEST)
+        status = manifest.get("status") if isinstance(manifest, dict) else None
     if status in FINAL:
         return Liveness("finished", {})
     path = run / SUPERVISOR
     if fcntl is None:
         return Liveness("unknown", {})
+    # No link followed, no blocking on a named pipe: the run directory may be someone else's, or planted.
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | flags)
     except FileNotFoundError:
         return Liveness("unknown", {})
     except OSError:
         # A run someone else owns, or on read-only storage: flock works on a read-only descriptor too.
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | flags)
         except OSError:
             return Liveness("unknown", {})
     try:
-        try:
-            info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
-        except ValueError:
-            info = {}
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Liveness("unknown", {})
+        info = _lock_info(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -6,6 +6,8 @@ the run was submitted. The run directory checks itself with this before it is ma
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import iter_jsonl, read_json, sha256_file
 from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SUMMARY, slurm_folder_of
+from draftscope.core.untrusted import file_problem
 
 # Kinds whose completed runs must have a summary.json.
 SUMMARY_KINDS = frozenset({"benchmark", "reproduce"})
@@ -67,10 +70,14 @@ def validate_run(path: Path, *, final: bool = False) -> Report:
     report = Report(path)
 
     manifest = None
-    try:
-        manifest = read_json(path / MANIFEST)
-    except UserError as exc:
-        report.add(MANIFEST, "run-manifest", [f"$: {exc.message}"])
+    unreadable = {name: file_problem(path, name) for name in (MANIFEST, RECORDS, SUMMARY)}
+    if unreadable[MANIFEST] or not (path / MANIFEST).exists():
+        report.add(MANIFEST, "run-manifest", [unreadable[MANIFEST] or "missing: not a run directory"])
+    else:
+        try:
+            manifest = read_json(path / MANIFEST)
+        except UserError as exc:
+            report.add(MANIFEST, "run-manifest", [f"$: {exc.message}"])
     if manifest is not None:
         problems = _schema_problems(manifest, "run-manifest")
         config_schema = CONFIG_SCHEMAS.get(manifest.get("kind")) if isinstance(manifest, dict) else None
@@ -85,7 +92,9 @@ def validate_run(path: Path, *, final: bool = False) -> Report:
     run_id = manifest.get("run_id") if isinstance(manifest, dict) else None
 
     n_records = None
-    if (path / RECORDS).exists():
+    if unreadable[RECORDS]:
+        report.add(RECORDS, "record", [unreadable[RECORDS]])
+    elif (path / RECORDS).exists():
         problems: list[str] = []
         n_records = 0
         try:
@@ -98,7 +107,9 @@ def validate_run(path: Path, *, final: bool = False) -> Report:
             problems.append(f"not UTF-8 text (byte {exc.start})")
         report.add(RECORDS, "record", problems)
 
-    if (path / SUMMARY).exists():
+    if unreadable[SUMMARY]:
+        report.add(SUMMARY, "summary", [unreadable[SUMMARY]])
+    elif (path / SUMMARY).exists():
         problems = []
         try:
             summary = read_json(path / SUMMARY)
@@ -123,6 +134,14 @@ def validate_run(path: Path, *, final: bool = False) -> Report:
 def _add_file(report: Report, file: Path, schema: str, shown: str) -> dict | None:
     """One JSON file against its schema; the document when it could be read."""
     try:
+        mode = os.stat(file).st_mode
+    except OSError as exc:
+        report.add(shown, schema, [f"cannot be read ({exc.strerror or exc})"])
+        return None
+    if not stat.S_ISREG(mode):  # a named pipe would hang the reader, a folder crash it
+        report.add(shown, schema, ["not a regular file"])
+        return None
+    try:
         doc = read_json(file)
     except UserError as exc:
         report.add(shown, schema, [f"$: {exc.message}"])
@@ -132,10 +151,23 @@ def _add_file(report: Report, file: Path, schema: str, shown: str) -> dict | Non
 
 
 def _input_problems(path: Path, manifest: dict) -> list[str]:
-    """Inputs copied into the run must still have the hashes the manifest recorded."""
+    """Every input the manifest records must still be copied in the run (`inputs/NAME`, a regular file of the run)
+    with the hash recorded: without its copy a run cannot be reproduced from its directory alone."""
     problems = []
     for index, item in enumerate(manifest.get("inputs", [])):
-        copy = path / "inputs" / Path(item["path"]).name
-        if copy.is_file() and sha256_file(copy) != item["sha256"]:
-            problems.append(f"$.inputs[{index}].sha256: inputs/{copy.name} no longer has the recorded hash")
+        name = Path(item["path"]).name
+        where = f"$.inputs[{index}]"
+        if name in ("", ".", ".."):
+            problems.append(f"{where}.path: {item['path']!r} names no file")
+            continue
+        rel = f"inputs/{name}"
+        problem = file_problem(path, rel)
+        if problem:
+            problems.append(f"{where}: {problem}")
+        elif not (path / rel).exists():
+            problems.append(
+                f"{where}: {rel} is missing: the run's copy of its {item['name']} input was deleted"
+            )
+        elif sha256_file(path / rel) != item["sha256"]:
+            problems.append(f"{where}.sha256: {rel} no longer has the recorded hash")
     return problems

@@ -37,6 +37,7 @@ leaves the machine), reviewed together.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import io
@@ -58,6 +59,7 @@ from draftscope.core.jsonio import read_json
 from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import now
 from draftscope.core.rundir import RESERVE, SUPERVISOR
+from draftscope.core.untrusted import check_file, check_run_id
 from draftscope.ops import doctor
 from draftscope.pipeline.base import INPUTS_MOUNT, MODELS_MOUNT, SPECULATORS_SCRIPTS
 from draftscope.runtime.container import HOME_ENV
@@ -205,8 +207,9 @@ class HostPaths:
 
 
 def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
-    """Where the run directory was when it ran (it may have moved since): the host side of its mount, the
-    `--run-dir` of a local step, and an `--output` of the command line that names the run."""
+    """Where the run directory was when it ran (it may have moved since): the host side of its mount (`--mount`, or
+    an older run's `--volume`), the `--run-dir` of a local step, and an `--output` of the command line that names
+    the run."""
     found: list[str] = []
     mount = re.compile(rf"(/.+):{re.escape(RUN_MOUNT)}(?::\w+)?")
 
@@ -223,6 +226,8 @@ def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
                 value = word.split("=", 1)[1]
             elif (m := mount.fullmatch(word)) is not None:
                 value = m.group(1)
+            elif word.startswith("type=bind,") or word.startswith('"type=bind'):
+                value = _bind_source(word, RUN_MOUNT)
             if (
                 value
                 and value.startswith("/")
@@ -237,6 +242,16 @@ def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
     if isinstance(run_id, str) and run_id:
         scan(manifest.get("command_line"), "--output", run_id)
     return found
+
+
+def _bind_source(spec: str, target: str) -> str | None:
+    """The source of a `--mount type=bind,source=S,target=T` value (one CSV record) when T is `target`."""
+    try:
+        row = next(csv.reader([spec]))
+    except (csv.Error, StopIteration):
+        return None
+    fields = dict(item.split("=", 1) for item in row if "=" in item)
+    return fields.get("source") if fields.get("target") == target else None
 
 
 @dataclass
@@ -350,10 +365,20 @@ def _read_manifest(run: Path) -> dict[str, Any]:
             else "give a run directory that `invoke benchmark` or `invoke reproduce` created"
         )
         raise UserError("not a run directory (no manifest.json)", source=str(run), fix=hint)
+    for name in (*AS_IS, RECORDS):  # what is packed byte for byte: the run's own files, never another's
+        check_file(run, name)
     manifest = read_json(run / "manifest.json")
     if not isinstance(manifest, dict):
         raise UserError("manifest.json is not a JSON object", source=str(run))
     return manifest
+
+
+def top_folder(run: Path, manifest: Mapping[str, Any]) -> str:
+    """The archive's top folder: the run id (the folder's name when the manifest has none), in the run id's form —
+    a planted `../x` or `/abs` would make the bundle's members land outside the folder it is unpacked in."""
+    if "run_id" in manifest:
+        return check_run_id(manifest["run_id"], source=str(run / "manifest.json"))
+    return check_run_id(Path(os.path.abspath(run)).name, source=str(run), field="the run directory's name")
 
 
 def _check_output(run: Path, output: Path) -> None:
@@ -404,6 +429,7 @@ def pack(
     if not run.is_dir():
         raise UserError("no such run directory", source=str(run), fix="give the path of a run directory")
     manifest = _read_manifest(run)
+    top = top_folder(run, manifest)
     _check_output(run, output)
     paths = None if keep_paths else HostPaths.for_run(run, manifest, home)
     rewritten: dict[str, int] = {}
@@ -447,7 +473,7 @@ def pack(
     members["SHARE.json"] = _dumps(
         {
             "schema_version": 1,
-            "run_id": manifest.get("run_id", run.name),
+            "run_id": top,
             "status": manifest.get("status"),
             "packed_at": now(),
             "packed_by": f"draftscope {__version__}",
@@ -477,7 +503,7 @@ def pack(
     sums = "".join(f"{hashlib.sha256(members[n]).hexdigest()}  {n}\n" for n in names)
     members["SHA256SUMS"] = sums.encode()
     bundle.files = [*names, "SHA256SUMS"]
-    _write_archive(output, str(manifest.get("run_id") or run.name), members, bundle.files)
+    _write_archive(output, top, members, bundle.files)
     return bundle
 
 
@@ -486,6 +512,13 @@ def _json_or_none(data: bytes | None) -> Any:
         return json.loads(data) if data else None
     except ValueError:
         return None
+
+
+def _check_member(name: str) -> None:
+    """A member's name is relative, without `..` or empty parts: unpacked, it stays in the top folder."""
+    parts = name.split("/")
+    if name.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in name:
+        raise UserError("would be packed outside the bundle's top folder", field="member", value=name)
 
 
 def _write_archive(output: Path, top: str, members: Mapping[str, bytes], order: list[str]) -> None:
@@ -501,6 +534,7 @@ def _write_archive(output: Path, top: str, members: Mapping[str, bytes], order: 
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
             for name in order:
+                _check_member(name)
                 data = members[name]
                 info = tarfile.TarInfo(f"{top}/{name}")
                 info.size, info.mode, info.mtime = len(data), ARCHIVE_MODE, 0

@@ -6,10 +6,15 @@ Facts this code is built on (docs/upstream-facts.md, checked on podman 4.3 throu
 - Killing the client never stops the container: on expiry stop and remove the container *by name*.
 - `--init` lets SIGTERM end the worker at once (Python as PID 1 ignores it).
 - `--user uid:gid` for a user missing from /etc/passwd leaves HOME=/: point HOME and caches at writable paths.
+- Bind mounts are `--mount type=bind,source=…,target=…[,readonly]`, CSV-quoted (`mount_spec`): docker and podman
+  (4.3 checked: a source holding `:`, `,`, `"` and a space, read-only honoured) parse it as one CSV record, where
+  `--volume SRC:TARGET:MODE` splits a host path holding `:`.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -30,7 +35,7 @@ from draftscope.runtime.base import (
     outcome_from_exit,
     supervise,
 )
-from draftscope.runtime.step import RUN_MOUNT, Step
+from draftscope.runtime.step import RUN_MOUNT, Mount, Step
 
 # Writable places for a user that has no home in the image.
 HOME_ENV = {
@@ -41,6 +46,27 @@ HOME_ENV = {
     "VLLM_CACHE_ROOT": "/tmp/home/.cache/vllm",
     "PYTHONUNBUFFERED": "1",
 }
+
+
+def mount_spec(source: str, target: str, read_only: bool) -> str:
+    """`--mount`'s value for a bind mount: `type=bind,source=S,target=T[,readonly]`.
+
+    Not `--volume S:T:MODE`: a `:` in a host path (an --output under `a:b`, a cache folder named in the
+    environment) would split it elsewhere, silently. docker and podman read `--mount` as one CSV record (Go's
+    encoding/csv), so a field holding `,` or `"` is quoted whole, its quotes doubled: the csv module writes that.
+    A newline, carriage return or NUL cannot be carried by either engine, and is refused."""
+    for field, path in (("source", source), ("target", target)):
+        if any(c in path for c in "\n\r\0"):
+            raise UserError(
+                "a path with a newline or NUL cannot be mounted into a container",
+                field=f"mount {field}",
+                value=path,
+                fix="rename or move it to a path without control characters (e.g. choose another --output)",
+            )
+    fields = ["type=bind", f"source={source}", f"target={target}", *(["readonly"] if read_only else [])]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="", quoting=csv.QUOTE_MINIMAL, doublequote=True).writerow(fields)
+    return out.getvalue()
 
 
 class ContainerRuntime:
@@ -76,9 +102,7 @@ class ContainerRuntime:
         if step.ipc_host:
             argv += ["--ipc", "host"]
         for mount in step.mounts:
-            source = str(ctx.run_dir) if mount.target == RUN_MOUNT else mount.source
-            source = str(Path(source).absolute())
-            argv += ["--volume", f"{source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"]
+            argv += ["--mount", mount_spec(self._source(mount, ctx), mount.target, mount.read_only)]
         env = {**HOME_ENV, **step.env, **ctx.extra_env}
         for key in sorted(env):
             argv += ["--env", f"{key}={env[key]}"]
@@ -90,11 +114,29 @@ class ContainerRuntime:
         argv += list(step.argv)
         return argv
 
+    @staticmethod
+    def _source(mount: Mount, ctx: Context) -> str:
+        return str(Path(str(ctx.run_dir) if mount.target == RUN_MOUNT else mount.source).absolute())
+
     # -- execution ---------------------------------------------------------------------------------------
 
     def run(self, step: Step, ctx: Context) -> Outcome:
         name = container_name(ctx, step.name)
         argv = self.argv(step, ctx)
+        for mount in step.mounts:
+            # A bind mount's source must exist (`--mount` refuses a missing one; `--volume` made it, owned by root):
+            # a missing one is a folder the step fills (a cache), made here by this user.
+            source = Path(self._source(mount, ctx))
+            if not os.path.lexists(source):
+                try:
+                    source.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise UserError(
+                        f"the mount source cannot be created: {exc.strerror or exc}",
+                        field=f"mount {mount.target}",
+                        value=str(source),
+                        fix="create it, or point the setting that names it at a writable place",
+                    ) from None
         log = log_path(ctx, step)
         started = time.monotonic()
         try:

@@ -120,6 +120,39 @@ def test_add_copies_a_run_and_a_comparison_and_never_overwrites(tmp_path, resear
         evidence.add(research, b, "tiny-cpu-aa")
 
 
+@pytest.mark.parametrize("plant", ["file-link", "folder-link", "pipe"])
+def test_add_copies_nothing_from_outside_the_run(tmp_path, research, plant):
+    """A run is copied with links followed: a link out of it (or a pipe, which would hang the copy) is refused."""
+    import os
+
+    run = make_run(tmp_path / "runs" / "aa-1", seed=1)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("not for the research folder")
+    if plant == "file-link":
+        (run / "logs" / "key").symlink_to(secret / "key")
+    elif plant == "folder-link":
+        (run / "logs" / "more").symlink_to(secret, target_is_directory=True)
+    else:
+        os.mkfifo(run / "logs" / "pipe")
+    before = sorted(p.relative_to(research) for p in research.rglob("*"))
+    with pytest.raises(UserError, match="logs/"):
+        evidence.add(research, run, "tiny-cpu-aa")
+    assert sorted(p.relative_to(research) for p in research.rglob("*")) == before
+
+
+def test_a_comparison_figure_outside_its_folder_is_refused(tmp_path, research):
+    a = make_run(tmp_path / "runs" / "aa-1", seed=1)
+    b = make_run(tmp_path / "runs" / "aa-2", seed=2)
+    doc = compare_runs(load_run(a), load_run(b), threshold=0.01, resamples=200)
+    comp = write_comparison(doc, tmp_path / "aa.json")
+    planted = json.loads(comp.read_text())
+    planted["figure"] = "../../secret.png"
+    comp.write_text(json.dumps(planted))
+    with pytest.raises(UserError, match=r"\$\.figure: must name a file beside the comparison"):
+        evidence.add(research, comp, "tiny-cpu-aa")
+
+
 def test_add_task(tmp_path, research):
     run = make_run(tmp_path / "r1", seed=3)
     result = cli("evidence.add", str(run), "--study", "tiny-cpu-aa", "--root", str(research))

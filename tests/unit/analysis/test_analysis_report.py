@@ -192,7 +192,18 @@ def test_compare_task_writes_a_valid_comparison_and_prints_the_verdict(tmp_path,
 
 
 def test_compare_task_refuses_a_partial_prompt_set_unless_allowed(tmp_path, folder):
-    result = cli("compare", str(folder / "A"), str(folder / "P"), "--output", str(tmp_path / "c.json"))
+    unfinished = cli("compare", str(folder / "A"), str(folder / "P"), "--output", str(tmp_path / "c.json"))
+    assert unfinished.returncode == 2
+    (line,) = unfinished.stderr.strip().splitlines()
+    assert "run P is unfinished (status 'timed_out'" in line and "--allow-unfinished" in line
+    result = cli(
+        "compare",
+        str(folder / "A"),
+        str(folder / "P"),
+        "--allow-unfinished",
+        "--output",
+        str(tmp_path / "c.json"),
+    )
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert "chat-multiturn" in line or "missing in the candidate" in line
@@ -200,6 +211,7 @@ def test_compare_task_refuses_a_partial_prompt_set_unless_allowed(tmp_path, fold
         "compare",
         str(folder / "A"),
         str(folder / "P"),
+        "--allow-unfinished",
         "--allow-subset",
         "--resamples",
         "200",
@@ -208,6 +220,14 @@ def test_compare_task_refuses_a_partial_prompt_set_unless_allowed(tmp_path, fold
     )
     assert ok.returncode == 0, ok.stderr
     assert "P is partial" in ok.stdout
+
+
+def test_compare_bounds_its_resamples(tmp_path, folder):
+    result = cli("compare", str(folder / "A"), str(folder / "B"), "--resamples", "1000001", cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "--resamples: must be at most 1,000,000" in line and "fix:" in line
+    assert not (tmp_path / "comparisons").exists()
 
 
 def test_analysis_tasks_never_import_torch(tmp_path, folder):

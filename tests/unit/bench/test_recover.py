@@ -274,3 +274,117 @@ def test_liveness_of_a_run_the_reader_cannot_write(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rundir_module.os, "open", no_write)
     assert liveness(run).state == "gone"
+
+
+# --- a planted lock or manifest (issue 18): nothing it names runs, nothing it numbers is signalled ---------------
+
+
+def _canary(tmp_path: Path) -> tuple[Path, Path]:
+    """A program that would leave a file if it ran; on PATH too, under its own name."""
+    mark = tmp_path / "RAN"
+    program = tmp_path / "bin" / "canary"
+    program.parent.mkdir(exist_ok=True)
+    program.write_text(f"#!/bin/sh\ntouch {mark}\necho 0123456789ab\n")
+    program.chmod(0o755)
+    return program, mark
+
+
+def _plant_lock(run: Path, **facts) -> None:
+    info = json.loads((run / SUPERVISOR).read_text())
+    info.update(facts)
+    (run / SUPERVISOR).write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("engine", ["canary", "ABS", "sh", ["docker"]])
+def test_a_lock_naming_a_program_is_refused_and_nothing_runs(tmp_path, monkeypatch, engine):
+    program, mark = _canary(tmp_path)
+    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
+    run = killed_run(tmp_path)
+    _plant_lock(run, step={"name": "benchmark", "engine": str(program) if engine == "ABS" else engine})
+    before = (run / "manifest.json").read_bytes()
+    for force in (False, True):
+        with pytest.raises(UserError, match=r"step\.engine: names a program that is not a container engine"):
+            recover(run, force=force)
+    assert not mark.exists() and (run / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "facts, field",
+    [
+        ({"step": {"name": "benchmark", "pgid": True}}, "step.pgid"),
+        ({"step": {"name": "benchmark", "pgid": -1}}, "step.pgid"),
+        ({"step": {"name": "benchmark", "pgid": 0}}, "step.pgid"),
+        ({"step": {"name": "benchmark", "pgid": "1"}}, "step.pgid"),
+        ({"step": {"name": "benchmark", "pgid": 1 << 40}}, "step.pgid"),
+        ({"step": "benchmark"}, "step"),
+        ({"host": ["a"]}, "host"),
+        ({"pid": 1.5}, "pid"),
+    ],
+)
+def test_a_lock_with_implausible_facts_is_refused_by_field(tmp_path, facts, field):
+    run = killed_run(tmp_path)
+    _plant_lock(run, **facts)
+    with pytest.raises(UserError, match=f"{field}: must be") as err:
+        recover(run, force=True)
+    assert "fix:" in err.value.render()
+
+
+def test_a_lock_without_a_host_signals_nothing(tmp_path):
+    other = _sleeper("--run-dir", str(tmp_path / "killed"))
+    try:
+        run = killed_run(tmp_path, step={"pgid": other.pid})
+        info = json.loads((run / SUPERVISOR).read_text())
+        del info["host"]
+        (run / SUPERVISOR).write_text(json.dumps(info))
+        with pytest.raises(UserError, match="records no host"):
+            recover(run)
+        manifest = recover(run, force=True, say=lambda line: None)
+        assert other.poll() is None and "not checked" in manifest["reason"]
+        assert "an unrecorded host" in manifest["reason"]
+    finally:
+        other.kill()
+
+
+def test_a_group_whose_command_line_only_contains_the_runs_path_is_not_the_runs(tmp_path):
+    """`/x/killed` is a substring of `/x/killed-other`: the old check would have signalled this group."""
+    other = _sleeper("--run-dir", str(tmp_path / "killed-other"))
+    try:
+        run = killed_run(tmp_path, step={"pgid": other.pid})
+        with pytest.raises(UserError, match="cannot be confirmed to be this run's"):
+            recover(run)
+    finally:
+        other.kill()
+
+
+def test_a_manifest_without_status_is_a_clean_error(tmp_path):
+    run = killed_run(tmp_path)
+    doc = json.loads((run / "manifest.json").read_text())
+    del doc["status"]
+    (run / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError, match="status"):
+        recover(run)
+    (run / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match="not of type 'object'"):
+        recover(run)
+
+
+@pytest.mark.parametrize("name", ["records.jsonl", SUPERVISOR, "manifest.json"])
+def test_recovery_writes_through_no_link(tmp_path, name):
+    run = killed_run(tmp_path)
+    outside = tmp_path / "outside"
+    outside.write_bytes((run / name).read_bytes() + b'{"torn')
+    (run / name).unlink()
+    (run / name).symlink_to(outside)
+    before = outside.read_bytes()
+    with pytest.raises(UserError, match="symbolic link"):
+        recover(run, force=True)
+    assert outside.read_bytes() == before
+
+
+def test_a_lock_that_is_a_named_pipe_does_not_hang(tmp_path):
+    run = killed_run(tmp_path)
+    (run / SUPERVISOR).unlink()
+    os.mkfifo(run / SUPERVISOR)
+    assert liveness(run).state == "unknown"
+    with pytest.raises(UserError, match="named pipe"):
+        recover(run, force=True)

@@ -522,6 +522,14 @@ def test_members_without_paths_keep_their_bytes_and_bundles_repeat(tmp_path, mon
         ("PATH=/usr/local/bin:/Users/Ann Lee/bin", "PATH=…/bin:~/bin"),
         ("/mnt/a/b/../c/", "…/c"),
         (f"/mnt/x/cache:{CACHE_MOUNT}:ro", f"…/cache:{CACHE_MOUNT}:ro"),
+        (
+            f"type=bind,source=/data/runs/exp 1/R7,target={RUN_MOUNT}",
+            f"type=bind,source=<run>,target={RUN_MOUNT}",
+        ),
+        (
+            f"type=bind,source=/mnt/x/cache,target={CACHE_MOUNT},readonly",
+            f"type=bind,source=…/cache,target={CACHE_MOUNT},readonly",
+        ),
         (f"{RUN_MOUNT}/inputs/prompts.json", f"{RUN_MOUNT}/inputs/prompts.json"),
         ("/draftscope/models/target", "/draftscope/models/target"),
         ("/tmp/home/.cache/vllm", "/tmp/home/.cache/vllm"),
@@ -560,3 +568,57 @@ def test_cli_keep_paths(tmp_path, monkeypatch):
         assert done.returncode == 0, done.stderr
     assert str(home) not in members(tmp_path / "b.tar.gz")["R1/manifest.json"].decode()
     assert str(home) in members(tmp_path / "k.tar.gz")["R1/manifest.json"].decode()
+
+
+# --- a planted run directory (issue 18): its run id names no folder outside the bundle; no link is followed out --
+
+
+@pytest.mark.parametrize("run_id", ["../escape", "/abs/escape", "a/b", "x\x00y", "ok\n", "a" * 200, "..", 7])
+def test_a_run_id_that_would_escape_the_bundle_is_refused(tmp_path, run_id):
+    run = make_run(tmp_path)
+    doc = json.loads((run / "manifest.json").read_text())
+    doc["run_id"] = run_id
+    (run / "manifest.json").write_text(json.dumps(doc))
+    out = tmp_path / "b.tar.gz"
+    with pytest.raises(UserError, match=r"\$\.run_id: is not a run id"):
+        pack(run, out, collect=host)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "records.jsonl", "summary.json", "worker.json"])
+def test_a_packed_file_linking_out_of_the_run_is_refused(tmp_path, name):
+    run = make_run(tmp_path)
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"run_id": "R1", "secret": CANARY}))
+    (run / name).unlink()
+    (run / name).symlink_to(secret)
+    out = tmp_path / "b.tar.gz"
+    with pytest.raises(UserError, match="link pointing out of the run directory"):
+        pack(run, out, collect=host)
+    assert not out.exists()
+
+
+def test_links_and_pipes_among_the_other_files_are_left_out(tmp_path):
+    run = make_run(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside-the-run-5521")
+    (run / "logs" / "out.log").symlink_to(secret)
+    (run / "logs" / "elsewhere").symlink_to(tmp_path, target_is_directory=True)
+    os.mkfifo(run / "logs" / "pipe")
+    out = tmp_path / "b.tar.gz"
+    pack(run, out, include_text=True, collect=host)
+    with tarfile.open(out) as tar:
+        names = tar.getnames()
+        assert all(n.startswith("R1/") and ".." not in n.split("/") for n in names)
+        assert not [n for n in names if "out.log" in n or "elsewhere" in n or "pipe" in n]
+        packed = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
+        assert b"outside-the-run-5521" not in packed
+
+
+def test_a_runs_recorded_mount_source_counts_as_the_run(tmp_path):
+    from draftscope.runtime.container import mount_spec
+
+    old = "/old/place, with a comma/R1"
+    manifest = {"steps": [{"argv": ["docker", "run", "--mount", mount_spec(old, RUN_MOUNT, False)]}]}
+    paths = HostPaths.for_run(tmp_path / "R1", manifest, home="/nowhere")
+    assert paths.path(f"{old}/logs/x.log") == "<run>/logs/x.log"

@@ -1,9 +1,12 @@
 import json
+import os
+import shutil
 
 import pytest
 
 from draftscope.core.rundir import RunDir
 from draftscope.core.validate import validate_run
+from draftscope.ops.validate import validate_path
 
 SHA = "a" * 64
 
@@ -232,3 +235,70 @@ def test_an_array_tasks_outcome_is_checked_before_it_is_written(tmp_path, monkey
             started_at="2026-11-30T12:00:00Z",
         )
     assert read_json(shards.outcome_path(tmp_path, 1))["status"] == "running"  # the valid record stays
+
+
+# --- a planted run directory (issue 18): clean verdicts, no hang, no "all valid" without the run's inputs -------
+
+
+def _link_out(file, outside):
+    outside.write_bytes(file.read_bytes())
+    file.unlink()
+    file.symlink_to(outside)
+
+
+def _synthetic(tmp_path):
+    from test_analysis_synthetic import make_run
+
+    return make_run(tmp_path / "r", repeats=1)
+
+
+@pytest.mark.parametrize(
+    "plant, file, phrase",
+    [
+        (
+            lambda r, t: (r / "records.jsonl").unlink() or os.mkfifo(r / "records.jsonl"),
+            "records",
+            "named pipe",
+        ),
+        (lambda r, t: (r / "summary.json").unlink() or (r / "summary.json").mkdir(), "summary", "a folder"),
+        (lambda r, t: (r / "manifest.json").write_text("[1, 2]"), "manifest", "not of type 'object'"),
+        (
+            lambda r, t: (
+                (r / "manifest.json").unlink() or (r / "manifest.json").symlink_to(r / "manifest.json")
+            ),
+            "manifest",
+            "cannot be read",
+        ),
+        (
+            lambda r, t: _link_out(r / "summary.json", t / "out.json"),
+            "summary",
+            "link pointing out of the run directory",
+        ),
+        (
+            lambda r, t: shutil.rmtree(r / "inputs"),
+            "manifest",
+            "inputs/prompts.json is missing: the run's copy of its prompts input was deleted",
+        ),
+        (
+            lambda r, t: (r / "inputs" / "prompts.json").unlink() or os.mkfifo(r / "inputs" / "prompts.json"),
+            "manifest",
+            "named pipe",
+        ),
+    ],
+    ids=[
+        "records-fifo",
+        "summary-folder",
+        "manifest-list",
+        "manifest-loop",
+        "summary-link-out",
+        "inputs-gone",
+        "input-fifo",
+    ],
+)
+def test_a_planted_run_gets_clean_verdicts(tmp_path, plant, file, phrase):
+    run = _synthetic(tmp_path)
+    plant(run, tmp_path)
+    report = validate_path(run)
+    assert not report.ok
+    (verdict,) = [v for v in report.verdicts if v.file.startswith(file)]
+    assert not verdict.ok and phrase in verdict.detail, verdict.line()

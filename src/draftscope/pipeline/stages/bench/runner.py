@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -314,10 +315,11 @@ def _load_prompts(path: str) -> list[dict[str, Any]]:
     data = read_json(Path(path))
     check(data, "prompts", path)
     ids = [p["id"] for p in data["prompts"]]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)  # linear: a prompt file may be large
     if duplicates:
+        more = f" (and {len(duplicates) - 5} more)" if len(duplicates) > 5 else ""
         raise UserError(
-            f"duplicate prompt ids {duplicates}",
+            f"duplicate prompt ids {duplicates[:5]}{more}",
             source=path,
             field="prompts[].id",
             fix="give every prompt a unique id",
