@@ -33,7 +33,7 @@ except ImportError:  # Windows: no flock, so a run's supervisor holds no lock th
 
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json, sha256_file
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, parse_json, read_json, sha256_file
 from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SLURM_SUFFIX, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.core.validate import validate_run
@@ -328,8 +328,9 @@ class Supervision:
             ) from None
         supervision = cls(path, fd)
         try:  # keep what the dead supervisor wrote (a failed recovery leaves it for the next attempt)
-            supervision._info = {**json.loads(os.pread(fd, 1 << 16, 0) or b"{}"), "recovering": os.getpid()}
-        except ValueError:
+            info = parse_json(os.pread(fd, 1 << 16, 0) or b"{}", str(path), expect=dict)
+            supervision._info = {**info, "recovering": os.getpid()}
+        except UserError:
             supervision._info["recovering"] = os.getpid()
         supervision._write()
         return supervision
@@ -387,7 +388,7 @@ def liveness(run: Path, status: str | None = None) -> Liveness:
     """Whether an unfinished run still has a supervisor. Takes the lock for an instant when nobody holds it."""
     run = Path(run)
     if status is None:
-        status = read_json(run / MANIFEST).get("status")
+        status = read_json(run / MANIFEST, expect=dict).get("status")
     if status in FINAL:
         return Liveness("finished", {})
     path = run / SUPERVISOR
@@ -405,8 +406,8 @@ def liveness(run: Path, status: str | None = None) -> Liveness:
             return Liveness("unknown", {})
     try:
         try:
-            info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
-        except ValueError:
+            info = parse_json(os.pread(fd, 1 << 16, 0) or b"{}", str(path), expect=dict)
+        except UserError:
             info = {}
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

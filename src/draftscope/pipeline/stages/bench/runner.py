@@ -311,7 +311,7 @@ def _escape(value: str) -> str:
 
 
 def _load_prompts(path: str) -> list[dict[str, Any]]:
-    data = read_json(Path(path))
+    data = read_json(Path(path), expect=dict)
     check(data, "prompts", path)
     ids = [p["id"] for p in data["prompts"]]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
