@@ -97,6 +97,21 @@ def huge_file(tmp: Path) -> None:
         fh.truncate(65 * 2**20)
 
 
+def fifo(name: str) -> Callable[[Path], None]:
+    """A named pipe where a file is expected: nobody ever writes to it, so a reader that opens it blocks."""
+
+    def setup(tmp: Path) -> None:
+        os.mkfifo(tmp / name)
+
+    return setup
+
+
+# A billion-laughs document: ten levels of ten aliases each (10**10 items once expanded).
+ALIAS_BOMB = "laughs:\n  a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)
+)
+
+
 def existing_run(tmp: Path) -> None:
     (tmp / "run").mkdir()
     (tmp / "run" / "notes.txt").write_text("someone's earlier work\n")
@@ -480,6 +495,66 @@ CASES = [
         "inputs/prompts.json is a link pointing out of the run directory",
         setup=lambda tmp: planted_run(tmp, link_out="inputs/prompts.json"),
     ),
+    # --- reading boundary (h18-read) ---
+    Bad(
+        "read-prompts-deep-nesting",
+        bench(prompts="{tmp}/p.json"),
+        "nested deeper than 64 levels",
+        {"p.json": prompts(PROMPT, "[" * 100_000 + "]" * 100_000)},
+    ),
+    Bad(
+        "read-prompts-huge-int",
+        bench(prompts="{tmp}/p.json"),
+        "a number literal of 5000 digits",
+        {"p.json": prompts(PROMPT, head='"schema_version": ' + "1" * 5000 + ', "name": "bad"')},
+    ),
+    Bad(
+        "read-prompts-duplicate-key",
+        bench(prompts="{tmp}/p.json"),
+        "the key 'name' appears twice",
+        {"p.json": prompts(PROMPT, head='"schema_version": 1, "name": "a", "name": "b"')},
+    ),
+    Bad(
+        "read-prompts-nan",
+        bench(prompts="{tmp}/p.json"),
+        "NaN is not JSON",
+        {"p.json": prompts(PROMPT, head='"schema_version": NaN, "name": "bad"')},
+    ),
+    Bad(
+        "read-prompts-not-an-object",
+        bench(prompts="{tmp}/p.json"),
+        "expected a JSON object",
+        {"p.json": "[]"},
+    ),
+    Bad("read-prompts-fifo", bench(prompts="{tmp}/fifo.json"), "named pipe", setup=fifo("fifo.json")),
+    Bad("read-prompts-directory", bench(prompts="{tmp}/empty"), "is a directory"),
+    Bad(
+        "read-experiment-alias-bomb",
+        bench("--experiment", "{tmp}/e.yaml"),
+        "YAML anchors and aliases are not accepted",
+        {"e.yaml": "schema_version: 1\nname: mine\nbackend: transformers\nmodel_preset: tiny\n" + ALIAS_BOMB},
+    ),
+    Bad(
+        "read-experiment-duplicate-key",
+        bench("--experiment", "{tmp}/e.yaml"),
+        "the key 'name' appears twice",
+        {"e.yaml": "schema_version: 1\nname: mine\nbackend: transformers\nmodel_preset: tiny\nname: other\n"},
+    ),
+    Bad(
+        "read-pipeline-config-self-alias",
+        pipe("--config", "{tmp}/run.yaml"),
+        "YAML anchors and aliases are not accepted",
+        {"run.yaml": "stages: &s [*s]\n"},
+    ),
+    Bad(
+        "read-preset-override-anchor",
+        bench(preset="qwen3-8b"),
+        "YAML anchors and aliases are not accepted",
+        env={"DRAFTSCOPE_PRESETS": "{tmp}/presets"},
+        setup=copy_presets(edit_qwen("  revision: b968826d", "  revision: &pin b968826d")),
+    ),
+    Bad("read-opts-alias", bench("--opts", "vllm=&a [*a]"), "YAML anchors and aliases are not accepted"),
+    Bad("read-revision-newline", bench("--model", "Org/Name", "--revision", SHA + "\n"), "$.revision"),
 ]
 
 

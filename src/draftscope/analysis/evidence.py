@@ -321,7 +321,7 @@ def _check_measurement(root: Path, path: Path, protocol: dict | None) -> Finding
 def _check_links(root: Path, study: Path, comp: Path) -> Finding:
     """A comparison whose runs are in the same study's evidence must name exactly those runs (manifest hash)."""
     rel = comp.relative_to(root).as_posix()
-    doc = read_json(comp)
+    doc = read_json(comp, expect=dict)
     for role in ("base", "candidate"):
         run = study / "runs" / doc[role]["run_id"]
         if (run / MANIFEST).is_file() and sha256_file(run / MANIFEST) != doc[role]["manifest_sha256"]:
@@ -376,7 +376,7 @@ def _add_run(root: Path, source: Path, study: str) -> list[str]:
     report = validate_run(source)
     if not report.ok:
         raise UserError(f"the run does not validate: {report.first_failure()}", source=str(source))
-    manifest = read_json(source / MANIFEST)
+    manifest = read_json(source / MANIFEST, expect=dict)
     if manifest["status"] not in FINAL:
         raise UserError(
             f"the run is still '{manifest['status']}'", source=str(source), fix="add a finished run"

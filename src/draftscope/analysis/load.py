@@ -7,7 +7,6 @@ note. Records are checked against the record schema, so later code can rely on t
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 from draftscope.core import schema as schemas
 from draftscope.core.config import build
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import read_json, sha256_file
+from draftscope.core.jsonio import parse_json, read_json, sha256_file
 from draftscope.core.presets import ExperimentConfig, load_model_preset, resolve_draft, resolve_target
 from draftscope.core.rundir import FINAL, MANIFEST, RECORDS, SUMMARY, liveness
 from draftscope.core.summary import summarize
@@ -166,13 +165,13 @@ def load_run(path: Path | str) -> Run:
         )
     for name in (MANIFEST, RECORDS, SUMMARY):  # regular files of the run: no pipe, folder or link out of it
         check_file(path, name)
-    manifest = read_json(path / MANIFEST)
+    manifest = read_json(path / MANIFEST, expect=dict)
     schemas.check(manifest, "run-manifest", str(path / MANIFEST))
     check_run_id(manifest["run_id"], source=str(path / MANIFEST))  # it names comparison files
     records, notes = read_records(path / RECORDS)
     summary = None
     if (path / SUMMARY).is_file():
-        summary = read_json(path / SUMMARY)
+        summary = read_json(path / SUMMARY, expect=dict)
         if schemas.problems(summary, "summary") or summary.get("records") != len(records):
             notes.append(
                 "summary.json does not match the records; the figures here are computed from the records"
@@ -226,10 +225,7 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     for number, line in enumerate(lines[:-1], start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"line {number} is not valid JSON: {exc.msg}", source=str(path)) from None
+        record = parse_json(line, str(path), line=number)
         schemas.check(record, "record", f"{path} line {number}")
         records.append(record)
     return records, notes

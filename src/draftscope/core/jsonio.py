@@ -1,7 +1,10 @@
-"""Durable JSON writing: atomic whole-file writes and a per-record-flushed JSON Lines appender.
+"""Durable JSON writing, and the one reading boundary of every file the kit reads.
 
 A reader never sees half a JSON file (temp file + fsync + rename), and a killed writer leaves every finished
 JSON Lines record readable: each record is one `write()` of one complete line, flushed and fsynced.
+
+Reading is `core.reading` (the reading boundary: regular files only, explicit limits, a UserError naming the file
+for every failure); its readers are re-exported here, where the kit has always imported them from.
 """
 
 from __future__ import annotations
@@ -12,11 +15,40 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftscope.core.errors import UserError
+from draftscope.core.reading import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    MAX_NUMBER_CHARS,
+    decode_utf8,
+    iter_jsonl,
+    open_regular,
+    parse_json,
+    read_bytes,
+    read_json,
+)
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_LINE_BYTES",
+    "MAX_NUMBER_CHARS",
+    "JsonlAppender",
+    "atomic_write_json",
+    "atomic_write_text",
+    "decode_utf8",
+    "dumps",
+    "iter_jsonl",
+    "open_regular",
+    "parse_json",
+    "read_bytes",
+    "read_json",
+    "repair_tail",
+    "sha256_file",
+]
 
 
 def dumps(obj: Any) -> str:
@@ -66,21 +98,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def read_json(path: Path) -> Any:
-    path = Path(path)
-    try:
-        with path.open(encoding="utf-8") as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        raise UserError("file not found", source=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", source=str(path)
-        ) from None
-
-
 class JsonlAppender:
     """Appends one JSON object per line; each record is flushed and fsynced before `append` returns."""
 
@@ -117,20 +134,6 @@ class JsonlAppender:
         self.close()
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, object) for every line; a torn or invalid line is a UserError naming it."""
-    with Path(path).open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.endswith("\n"):
-                raise UserError(f"line {number} is incomplete (no newline): a torn record", source=str(path))
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"line {number} is not valid JSON: {exc.msg}", source=str(path)) from None
-
-
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with Path(path).open("rb") as fh:
@@ -155,7 +158,7 @@ def repair_tail(path: Path) -> int:
                 json.loads(data[end:])
                 handle.write(b"\n")  # a complete record that only lacks its newline
                 return 0
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         handle.truncate(last_ok)
         handle.flush()

@@ -34,7 +34,7 @@ except ImportError:  # Windows: no flock, so a run's supervisor holds no lock th
 
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json, sha256_file
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, parse_json, read_json, sha256_file
 from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SLURM_SUFFIX, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
 from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import command_line, kit_info, now
@@ -436,10 +436,9 @@ class Liveness:
 def _lock_info(fd: int) -> dict[str, Any]:
     """What a lock file says, when it is a JSON object; {} otherwise (its fields are checked where they are used)."""
     try:
-        info = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
-    except (ValueError, OSError):
+        return parse_json(os.pread(fd, 1 << 16, 0) or b"{}", "lock file", expect=dict)
+    except (UserError, OSError):
         return {}
-    return info if isinstance(info, dict) else {}
 
 
 def liveness(run: Path, status: str | None = None) -> Liveness:

@@ -22,11 +22,13 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import ValidationError
+from jsonschema.validators import extend
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
 from draftscope.core.resources import schemas_dir
 
 BASE_URI = "https://draftscope.dev/schemas/"
@@ -49,7 +51,7 @@ def _load_all() -> tuple[dict[str, dict[str, Any]], Registry]:
     registry: Registry = Registry()
     folder = schemas_dir()
     for path in sorted(folder.glob("*.schema.json")):
-        schema = json.loads(path.read_text(encoding="utf-8"))
+        schema = read_json(path, expect=dict)
         name = path.name.removesuffix(".schema.json")
         expected = f"{BASE_URI}{path.name}"
         if schema.get("$id") != expected:
@@ -73,11 +75,106 @@ def get_schema(name: str) -> dict[str, Any]:
 
 
 @cache
-def _validator(name: str) -> Draft202012Validator:
+def _validator(name: str) -> Any:
     _, registry = _load_all()
     schema = get_schema(name)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, registry=registry, format_checker=FORMATS)
+    Validator.check_schema(schema)
+    return Validator(schema, registry=registry, format_checker=FORMATS)
+
+
+# --- `pattern` as JSON Schema means it ------------------------------------------------------------------------------
+#
+# A JSON Schema `pattern` is an ECMA-262 regular expression, where `$` (no multiline flag) matches only at the end
+# of the input. jsonschema evaluates it with Python's `re.search`, where `$` also matches just before a trailing
+# newline: "<40 hex>\n" would pass "^[0-9a-f]{40}$" and reach a path, an argv or a URL. The kit's Validator
+# evaluates `pattern`, `patternProperties` (and `additionalProperties`, which consults the patterns) with
+# `ecma_pattern`, which gives `$` its JSON Schema meaning; the schema files stay plain, published JSON Schema.
+
+
+@cache
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """A schema `pattern` compiled for Python's `re` with `$` meaning the end of the input: each `$` outside a
+    character class and not escaped becomes `\\Z`."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    in_class = False
+    while i < n:
+        char = pattern[i]
+        if char == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            out.append(char)
+            i += 1
+            # Python takes a `]` right after `[` or `[^` as a literal member, not as the end of the class.
+            if pattern.startswith("^", i):
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):
+                out.append("]")
+                i += 1
+            continue
+        elif char == "$":
+            char = r"\Z"
+        out.append(char)
+        i += 1
+    return re.compile("".join(out))
+
+
+def matches(pattern: str, value: str) -> bool:
+    """Whether `value` matches a schema `pattern` as JSON Schema defines it (ECMA-262 `$`)."""
+    return ecma_pattern(pattern).search(value) is not None
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    if validator.is_type(instance, "string") and not matches(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if matches(pattern, str(key)):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional(instance: dict[Any, Any], schema: dict[str, Any]) -> list[Any]:
+    """The keys neither `properties` nor a `patternProperties` pattern covers."""
+    properties = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    return [
+        key for key in instance if key not in properties and not any(matches(p, str(key)) for p in patterns)
+    ]
+
+
+def _additional_properties(validator: Any, allowed: Any, instance: Any, schema: Any) -> Any:
+    if not validator.is_type(instance, "object"):
+        return
+    extras = _additional(instance, schema)
+    if validator.is_type(allowed, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], allowed, path=extra)
+    elif not allowed and extras:
+        listed = ", ".join(repr(each) for each in sorted(extras, key=str))
+        yield ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
+
+
+# Draft 2020-12 with the three keywords above. `unevaluatedProperties` would consult the patterns with Python's `$`
+# too; no schema uses it (tests/unit/core/test_schema_patterns.py keeps it so).
+Validator = extend(
+    Draft202012Validator,
+    {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+    },
+)
 
 
 # RFC 3339 `date-time` (the manifests' timestamps). jsonschema checks it only with an optional package; the kit
@@ -260,7 +357,7 @@ def _unknown_keys(error: ValidationError) -> list[Problem]:
     extra = sorted(set(error.instance) - set(schema.get("properties") or {}), key=str)
     out = []
     for key in extra:
-        if any(re.search(p, str(key)) for p in schema.get("patternProperties") or {}):
+        if any(matches(p, str(key)) for p in schema.get("patternProperties") or {}):
             continue
         hint = difflib.get_close_matches(str(key), allowed, n=1)
         suggestion = f"did you mean '{hint[0]}'? " if hint else ""

@@ -69,7 +69,7 @@ def read_capture(run_dir: Path | str) -> tuple[dict[str, Any], list[dict[str, An
             source=str(run_dir),
             fix="run the benchmark with --capture-head N (Transformers backend with a draft)",
         )
-    index = read_json(folder / INDEX)
+    index = read_json(folder / INDEX, expect=dict)
     tensors = load_file(str(folder / TENSORS))
     calls = []
     for entry in index["calls"]:

@@ -10,7 +10,6 @@ the disagreements between certified tokens and the dense head's, which must be 0
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -51,7 +50,7 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
 def head_weight(run_dir: Path) -> Any:
     """The target's exact head weight for a run: the kit-built tiny target, or the pinned hub checkpoint's
     `lm_head.weight` (tied: `model.embed_tokens.weight`) read from the local hub cache."""
-    manifest = read_json(run_dir / "manifest.json")
+    manifest = read_json(run_dir / "manifest.json", expect=dict)
     config = manifest.get("config") or {}
     preset = load_model_preset(config.get("model_preset", ""))
     if preset.source == "kit" and not config.get("model"):
@@ -67,7 +66,7 @@ def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
     revision = config.get("revision") or preset.hub.revision
     snapshot = Path(hub_snapshot(str(hub_cache_dir()), repo, str(revision)))
     index = snapshot / "model.safetensors.index.json"
-    weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+    weight_map = read_json(index, expect=dict)["weight_map"] if index.is_file() else None
     for key in ("lm_head.weight", "model.embed_tokens.weight"):
         file = (weight_map or {}).get(key, "model.safetensors")
         path = snapshot / file

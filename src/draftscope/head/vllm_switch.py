@@ -12,14 +12,13 @@ No torch and no vLLM here: the host side imports this module.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.jsonio import atomic_write_json, read_json
 
 ENV_SWITCH = "DRAFTSCOPE_EXPERIMENTAL_PREFIX"  # prefix | 1 (= prefix) | dense | 0 or unset (off)
 ENV_STATUS = "DRAFTSCOPE_PREFIX_STATUS"  # the status file the plugin writes (JSON)
@@ -132,9 +131,9 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
             ),
         }
     try:
-        status = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return {"kind": STATUS_KIND, "state": "unreadable", "reason": f"{path.name}: {exc}"}
+        status = read_json(path)
+    except UserError as exc:
+        return {"kind": STATUS_KIND, "state": "unreadable", "reason": f"{path.name}: {exc.message}"}
     if not isinstance(status, dict) or status.get("kind") != STATUS_KIND:
         return {
             "kind": STATUS_KIND,

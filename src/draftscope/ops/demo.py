@@ -19,7 +19,6 @@ validation loss and top-1 probability, and the path of `report.html`. Everything
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import read_json
 from draftscope.core.outputs import check_output_path
 from draftscope.core.presets import load_model_preset
 from draftscope.core.provenance import now
@@ -208,7 +208,7 @@ def tokens_per_call(run: Path) -> float | None:
 
 
 def median_decode(run: Path) -> float | None:
-    summary = json.loads((run / "summary.json").read_text())
+    summary = read_json(run / "summary.json", expect=dict)
     stats = summary["overall"].get("decode_tok_s")
     return stats["median"] if stats else None
 
@@ -240,7 +240,7 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
         f"draft: mean tokens per target call at k={DRAFT_TOKENS}: {per_call:.3f} "
         f"({'≥' if enough else 'BELOW'} {MIN_TOKENS_PER_CALL})"
     )
-    head = json.loads((r("prefix") / "summary.json").read_text()).get("head") or {}
+    head = read_json(r("prefix") / "summary.json", expect=dict).get("head") or {}
     lines.append(
         f"prefix head: {head.get('calls', 0)} verification calls, {head.get('certified', 0)} of "
         f"{head.get('rows', 0)} rows certified; dense fallbacks {head.get('dense_calls_prefix', 0)} "
@@ -248,7 +248,7 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
         f"{head.get('shadow_disagreements', 0)}"
     )
     ok &= head.get("shadow_disagreements", 1) == 0
-    study = json.loads((r("head-study") / "study.json").read_text())
+    study = read_json(r("head-study") / "study.json", expect=dict)
     lines.append(
         f"head study: {study['calls']} captured calls; fallbacks row-wise {study['fallback_rowwise']} vs "
         f"prefix {study['fallback_prefix']}; disagreements {study['disagreements']}"
@@ -261,7 +261,7 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
             f"tokens, {name} vs baseline: {same} of {compared} generations identical"
             + ("" if identical else "  <-- MISMATCH")
         )
-        doc = json.loads((r("comparisons") / f"{name}.json").read_text())
+        doc = read_json(r("comparisons") / f"{name}.json", expect=dict)
         lines.append(
             f"verdict, {name} vs baseline: {doc['verdict']['decision']} — median latency ratio "
             f"{doc['median_ratio']:.3f}; {doc['verdict']['reason']}"

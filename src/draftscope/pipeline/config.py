@@ -250,9 +250,7 @@ def load_pipeline_config(
     source = "defaults"
     if config_file:
         path = _config_file(config_file)
-        loaded = load_yaml(path)
-        if not isinstance(loaded, dict):
-            raise UserError("expected a mapping at the top level", source=str(path))
+        loaded = load_yaml(path, expect=dict)
         data = deep_merge(data, loaded)
         source = str(path)
     flags = {k: v for k, v in {"draft": draft, "model_preset": preset}.items() if v is not None}

@@ -308,7 +308,7 @@ def run_stage(
     say(f"{name}: running in {sp.step.image if runtime.name != 'local' else 'this environment'}")
     started_at = now()
     outcome = (execute or runtime.run)(sp.step, ctx)
-    result = read_json(result_file) if result_file.is_file() else {}
+    result = read_json(result_file, expect=dict) if result_file.is_file() else {}
     status, why = outcome.status, outcome.reason
     notes = list(sp.notes)
     if outcome.ok:

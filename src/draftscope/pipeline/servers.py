@@ -41,7 +41,7 @@ RETRY_STATUSES = frozenset({408, 409, 425, 429})
 
 def load_commands(path: str | Path) -> list[Command]:
     """The commands file the host wrote for this stage."""
-    data = read_json(Path(path))
+    data = read_json(Path(path), expect=dict)
     try:
         return [
             Command(

@@ -13,7 +13,6 @@ call on held-out stdlib text, 2.01 vs 1.51 on the example chat prompts; 750 text
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import shutil
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import MissingDependency, UserError
-from draftscope.core.jsonio import atomic_write_json, sha256_file
+from draftscope.core.jsonio import atomic_write_json, read_json, sha256_file
 from draftscope.core.outputs import check_output_path
 from draftscope.core.resources import examples_dir
 from draftscope.tiny import corpus as corpus_mod
@@ -213,7 +212,7 @@ def _measure(folder: Path, val_stream: Any, tokenizer: Any, threads: int) -> dic
     draft_eval = train.evaluate(draft, val_stream)
     heldout = train.heldout_prompts(val_stream, count=HELDOUT_PROMPTS, length=HELDOUT_PROMPT_TOKENS)
     chat_file = examples_dir() / "prompts.json"
-    chat = json.loads(chat_file.read_text(encoding="utf-8"))
+    chat = read_json(chat_file, expect=dict)
     chat_prompts = [
         tokenizer.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
         for p in chat["prompts"]

@@ -12,25 +12,34 @@ from typing import Any
 
 import yaml
 
-from draftscope.core.config import validated
+from draftscope.core.config import MAX_YAML_BYTES, parse_yaml, validated
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import atomic_write_text
+from draftscope.core.jsonio import atomic_write_text, decode_utf8, read_bytes
 
 
 def write_kit_model(path: Path, *, files: Mapping[str, str], measured: Mapping[str, Any]) -> None:
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    text = decode_utf8(read_bytes(path, limit=MAX_YAML_BYTES), str(path))
+    data = parse_yaml(text, str(path))
     if not isinstance(data, dict) or not isinstance(data.get("kit_model"), dict):
         raise UserError("no kit_model section to update", source=str(path), field="kit_model")
     kit_model = dict(data["kit_model"])
     kit_model["files"] = dict(sorted(files.items()))
     # Plain scalars only (e.g. torch.__version__ is a str subclass that safe_dump refuses).
     kit_model["measured"] = {k: str(v) if isinstance(v, str) else v for k, v in measured.items()}
-    block = yaml.safe_dump({"kit_model": kit_model}, sort_keys=False, allow_unicode=True, width=110)
+    block = yaml.dump(
+        {"kit_model": kit_model}, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True, width=110
+    )
     new_text = replace_block(text, "kit_model", block)
-    validated(yaml.safe_load(new_text), "model-preset", str(path))
+    validated(parse_yaml(new_text, str(path)), "model-preset", str(path))
     atomic_write_text(path, new_text)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """No anchors or aliases for repeated objects: the kit's YAML reader refuses them (core/config.py)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def replace_block(text: str, key: str, block: str) -> str:

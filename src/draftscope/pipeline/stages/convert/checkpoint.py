@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import atomic_write_json, sha256_file
+from draftscope.core.jsonio import atomic_write_json, open_regular, parse_json, read_json, sha256_file
 from draftscope.core.schema import check
 
 REPORT = "draftscope-convert.json"
@@ -121,30 +121,27 @@ def dspark_gamma(block_size: int, sample_from_anchor: bool) -> int:
 
 def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError("no config.json in the checkpoint folder", source=str(folder)) from None
-    except ValueError as exc:
-        raise UserError(f"config.json is not valid JSON ({exc})", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise UserError("config.json is not a JSON object", source=str(path))
-    return data
+    if not path.exists():
+        raise UserError("no config.json in the checkpoint folder", source=str(folder))
+    return read_json(path, expect=dict)
 
 
 def safetensors_header(path: Path) -> dict[str, Any]:
     """The tensor table of a safetensors file (name → dtype, shape, offsets), read without torch: an 8-byte
     little-endian length, then that many bytes of JSON."""
+    if not path.exists():
+        raise UserError("the weights file is missing", source=str(path))
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             (length,) = struct.unpack("<Q", fh.read(8))
             if length > 100 * 1024 * 1024:
                 raise UserError("implausible safetensors header length", source=str(path))
-            header = json.loads(fh.read(length))
-    except FileNotFoundError:
-        raise UserError("the weights file is missing", source=str(path)) from None
-    except (struct.error, ValueError) as exc:
+            data = fh.read(length)
+    except struct.error as exc:
         raise UserError(f"not a safetensors file ({exc})", source=str(path)) from None
+    if len(data) < length:
+        raise UserError("not a safetensors file (its header is cut short)", source=str(path))
+    header = parse_json(data, str(path), expect=dict)
     header.pop("__metadata__", None)
     return header
 

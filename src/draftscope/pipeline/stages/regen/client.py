@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import JsonlAppender, atomic_write_json, repair_tail
+from draftscope.core.jsonio import JsonlAppender, atomic_write_json, iter_jsonl, parse_json, repair_tail
 from draftscope.pipeline.servers import HttpError, load_commands, request, retryable, serving, url_of
 from draftscope.tiny.assets import stage_for_vllm
 
@@ -86,30 +86,14 @@ def read_rows(path: Path, max_rows: int | None = None) -> list[Row]:
     """The input rows, checked: an id, unique; messages with a role and content; something to answer."""
     rows: list[Row] = []
     seen: set[str] = set()
+    # The reading boundary: a regular file (never a FIFO), streamed, each line within its limits; a hand-written
+    # file may lack its last newline.
+    lines = iter_jsonl(path, final_newline=False)
     try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read the chat rows ({exc.strerror})", source=str(path)) from None
-    with handle:
-        try:
-            lines = list(enumerate(handle, 1))
-        except UnicodeDecodeError as exc:
-            raise UserError(
-                f"not UTF-8 text (byte {exc.start} of a line)",
-                source=str(path),
-                field="data.chat",
-                fix="convert the file to UTF-8",
-            ) from None
-        for number, line in lines:
-            if not line.strip():
-                continue
+        for number, data in lines:
             if max_rows is not None and len(rows) >= max_rows:
                 break
             where = f"{path}:{number}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"not JSON ({exc.msg})", source=where) from None
             if not isinstance(data, dict) or "id" not in data:
                 raise UserError(
                     "a chat row needs an 'id'", source=where, fix='{"id": ..., "messages": [...]}'
@@ -129,6 +113,8 @@ def read_rows(path: Path, max_rows: int | None = None) -> list[Row]:
                 raise UserError("nothing to answer: no message before the final assistant turn", source=where)
             seen.add(row.id)
             rows.append(row)
+    finally:
+        lines.close()
     if not rows:
         raise UserError("no chat rows", source=str(path))
     return rows
@@ -142,13 +128,14 @@ def ids_in(path: Path) -> Iterator[str]:
             if not line.strip():
                 continue
             try:
-                yield str(json.loads(line)["id"])
-            except (ValueError, KeyError, TypeError):
+                row_id = str(parse_json(line, str(path), line=number, expect=dict)["id"])
+            except (UserError, KeyError):
                 raise UserError(
                     f"line {number} is not a regen record",
                     source=str(path),
                     fix="move the file away to regenerate from scratch",
                 ) from None
+            yield row_id
 
 
 def done_ids(rows_file: Path, wanted: set[str]) -> set[str]:
