@@ -55,7 +55,7 @@ from typing import Any
 
 from draftscope import __version__
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import read_json
+from draftscope.core.jsonio import parse_json, read_json
 from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import now
 from draftscope.core.rundir import RESERVE, SUPERVISOR
@@ -197,8 +197,8 @@ class HostPaths:
         """A JSON file's bytes with paths rewritten, and how many: unchanged bytes when there is none."""
         before = self.count
         try:
-            obj = json.loads(data)
-        except ValueError:  # a damaged file: its paths are rewritten in the text
+            obj = parse_json(data, "member")
+        except UserError:  # a damaged or hostile file (the reading boundary's limits): paths rewritten in the text
             out = self.text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
         else:
             out = _dumps(self.json(obj))
@@ -317,8 +317,8 @@ def _records(
     with path.open("rb") as fh:
         for raw in fh:
             try:
-                record = json.loads(raw) if raw.endswith(b"\n") else None
-            except ValueError:
+                record = parse_json(raw, str(path)) if raw.endswith(b"\n") else None
+            except UserError:
                 record = None
             if not isinstance(record, dict):
                 torn += bool(raw.strip())  # a killed writer's last line, or a damaged one: never packed
@@ -509,8 +509,8 @@ def pack(
 
 def _json_or_none(data: bytes | None) -> Any:
     try:
-        return json.loads(data) if data else None
-    except ValueError:
+        return parse_json(data, "member") if data else None
+    except UserError:
         return None
 
 

@@ -622,3 +622,18 @@ def test_a_runs_recorded_mount_source_counts_as_the_run(tmp_path):
     manifest = {"steps": [{"argv": ["docker", "run", "--mount", mount_spec(old, RUN_MOUNT, False)]}]}
     paths = HostPaths.for_run(tmp_path / "R1", manifest, home="/nowhere")
     assert paths.path(f"{old}/logs/x.log") == "<run>/logs/x.log"
+
+
+def test_a_hostile_record_line_is_left_out_and_a_hostile_member_is_packed_as_text(tmp_path):
+    """Lines and members that break a plain json.loads (nesting past the interpreter's recursion limit, a number of
+    10,000 digits) go through the reading boundary: the record is left out as damaged, the member's paths are
+    rewritten as text; nothing raises."""
+    run = make_run(tmp_path)
+    deep = "[" * 100_000 + "]" * 100_000
+    with (run / "records.jsonl").open("a") as fh:
+        fh.write(deep + "\n" + '{"n": ' + "9" * 10_000 + "}\n")
+    (run / "worker.json").write_text('{"facts": ' + deep + ', "at": "/opt/someone/x"}')
+    bundle = pack(run, tmp_path / "b.tar.gz", collect=host)
+    assert bundle.torn_lines == 2
+    files = members(tmp_path / "b.tar.gz")
+    assert b"/opt/someone" not in files["R1/worker.json"]
