@@ -1,7 +1,7 @@
 """The vllm-cpu image on a real engine: built from its lock by the kit's own build task, it holds the environment
 images.lock.json records; and the kit's vLLM benchmark runs in it end to end
-(`invoke benchmark --backend vllm --device cpu --runtime docker`, then `invoke validate`), with the greedy tokens of the
-same benchmark on the host's CPU engine environment (`.venv-train`, the same lock, `--runtime local`).
+(`invoke benchmark --backend vllm --device cpu --runtime docker`, then `invoke validate`), with the greedy tokens the
+committed vllm-cpu-exactness study recorded for the same prompts on the same engine build (research/evidence).
 
 Timings (build, engine load, generation) are printed; run with `-s` to see them.
 """
@@ -27,9 +27,10 @@ from support import run_invoke
 # The first build installs ~2.9 GB of dependencies (~5–9 min on two loaded cores); the engine loads in ~1–2 min.
 pytestmark = [pytest.mark.container, pytest.mark.timeout(1800)]
 
-# The speculators/vLLM CPU environment on the host, as `make train-env` builds it (or DRAFTSCOPE_TRAIN_PYTHON).
-TRAIN_PYTHON = Path(os.environ.get("DRAFTSCOPE_TRAIN_PYTHON", ROOT / ".venv-train" / "bin" / "python"))
 ENGINE_TIMEOUT_S = 600
+# The study's plain float32 run of the vLLM CPU engine (the lock's vllm-cpu, examples/prompts.json, 64 tokens): what
+# `--dtype auto` (float32 on a CPU) must reproduce, token for token, up to the shorter length.
+EVIDENCE_RUN = ROOT / "research" / "evidence" / "vllm-cpu-exactness" / "runs" / "vllm-fp32"
 
 
 def run_container(image: str, *args: str, timeout: float) -> tuple[int, str]:
@@ -79,17 +80,6 @@ def test_the_image_holds_the_recorded_environment(vllm_cpu_image):
         assert versions[key] == entry["versions"][key], key
 
 
-def _host_train_python() -> Path:
-    if TRAIN_PYTHON.is_file():
-        return TRAIN_PYTHON
-    message = (
-        f"no CPU engine environment at {TRAIN_PYTHON}: run `make train-env` (.ci/run does, before this tier)"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 def _benchmark(python: str, runtime: str, run: Path) -> float:
     """`invoke benchmark` of the vllm backend on the CPU, tiny preset, one repeat: the seconds it took."""
     argv = [python, "-m", "invoke", "benchmark", "--backend", "vllm", "--device", "cpu", "--runtime", runtime]
@@ -114,13 +104,12 @@ def _tokens(run: Path) -> dict[str, list[int]]:
     return {r["prompt_id"]: r["generated_token_ids"] for r in records}
 
 
-def test_the_kit_runs_a_vllm_benchmark_in_the_image_with_the_host_engines_tokens(vllm_cpu_image, tmp_path):
+def test_the_kit_runs_a_vllm_benchmark_in_the_image_with_the_studys_tokens(vllm_cpu_image, tmp_path):
     """The benchmark through the kit: the vllm backend picks the vllm-cpu image for `--device cpu`, the docker runtime
-    runs its worker there, and the run validates. The same benchmark on the host's CPU engine environment
-    (`.venv-train`, the same lock, `--runtime local`) generates the same greedy tokens for every prompt."""
+    runs its worker there, and the run validates. Its greedy tokens are the first ones of the committed study's plain
+    float32 run of the same engine build on the same prompts (greedy decoding of fewer tokens is a prefix)."""
     image, _ = vllm_cpu_image
-    host_python = _host_train_python()
-    run, local = tmp_path / "R", tmp_path / "R-local"
+    run = tmp_path / "R"
     in_image_s = _benchmark(sys.executable, "docker", run)
     print(f"\ninvoke benchmark --backend vllm --device cpu --runtime docker: {in_image_s:.0f} s")
 
@@ -131,6 +120,7 @@ def test_the_kit_runs_a_vllm_benchmark_in_the_image_with_the_host_engines_tokens
     entry = I.lock_entry("vllm-cpu", I.load_lock())
     worker, backend = m["software"]["worker"], m["software"]["backend"]
     assert backend["device"] == "cpu" and backend["vllm_version"] == entry["versions"]["vllm"]
+    assert backend["dtype"] == "float32"
     assert (worker["torch"], worker["speculators"]) == (
         entry["versions"]["torch"],
         entry["versions"]["speculators"],
@@ -140,13 +130,22 @@ def test_the_kit_runs_a_vllm_benchmark_in_the_image_with_the_host_engines_tokens
     left = docker("ps", "--all", "--quiet", "--filter", f"label=draftscope.run={run.name}").stdout.strip()
     assert left == "", "the benchmark's container must be gone"
 
-    on_host_s = _benchmark(str(host_python), "local", local)
-    print(f"the same benchmark with --runtime local in {host_python.parent.parent.name}: {on_host_s:.0f} s")
-    in_image, on_host = _tokens(run), _tokens(local)
+    study = json.loads((EVIDENCE_RUN / "manifest.json").read_text())
+    assert study["software"]["backend"]["vllm_version"] == entry["versions"]["vllm"]
+    assert study["config"]["dtype"] == "float32" and study["config"]["max_new_tokens"] >= 32
+    (prompts_input,) = [i for i in m["inputs"] if i["name"] == "prompts"]
+    assert [i["sha256"] for i in study["inputs"] if i["name"] == "prompts"] == [prompts_input["sha256"]], (
+        "examples/prompts.json changed since the study: compare with a run of the same prompts"
+    )
+    in_image, recorded = _tokens(run), _tokens(EVIDENCE_RUN)
     prompts = json.loads((ROOT / "examples" / "prompts.json").read_text())["prompts"]
-    assert sorted(in_image) == sorted(on_host) == sorted(p["id"] for p in prompts)
+    assert sorted(in_image) == sorted(recorded) == sorted(p["id"] for p in prompts)
     assert all(0 < len(tokens) <= 32 for tokens in in_image.values())
     # Varied continuations, so that agreement is not two engines repeating one token.
     assert sum(len(set(tokens)) >= 8 for tokens in in_image.values()) >= len(prompts) // 2, in_image
-    differ = {p: (in_image[p], on_host[p]) for p in in_image if in_image[p] != on_host[p]}
+    differ = {
+        p: (in_image[p], recorded[p][:32]) for p in in_image if in_image[p] != recorded[p][: len(in_image[p])]
+    }
     assert differ == {}, differ
+    # A generation that stopped early (end of turn) stopped at the same place in the study.
+    assert all(len(recorded[p]) == len(t) for p, t in in_image.items() if len(t) < 32)

@@ -198,7 +198,7 @@ class HostPaths:
         before = self.count
         try:
             obj = parse_json(data, "member")
-        except UserError:  # a damaged or hostile file (the reading boundary's limits): paths rewritten in the text
+        except UserError:  # a damaged or hostile file: its paths are rewritten in the text
             out = self.text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
         else:
             out = _dumps(self.json(obj))
