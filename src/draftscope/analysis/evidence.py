@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -338,9 +338,10 @@ def _verdict(rel: str, schema: str, problems: list[str]) -> Finding:
     return Finding(True, rel, f"({schema})")
 
 
-def add(root: Path, source: Path, study: str) -> list[str]:
+def add(root: Path, source: Path, study: str, *, scrub: Callable[[Path], object] | None = None) -> list[str]:
     """Copy a run directory, a comparison JSON (with its figure) or a measurement JSON into evidence/STUDY/;
-    returns the new files."""
+    returns the new files. `scrub`, given each copied run directory and measurement before they are summed, may
+    rewrite them in place (the command line passes share's host-path rewrite)."""
     root, source = Path(root), Path(source)
     failures = [f for f in verify(root) if not f.ok]
     if failures:
@@ -365,11 +366,22 @@ def add(root: Path, source: Path, study: str) -> list[str]:
         copied = _add_run(root, source, study) if doc is None else _add_comparison(root, source, study)
     else:
         raise UserError("neither a run directory nor a comparison or measurement .json", source=str(source))
+    if scrub is not None:
+        for target in _scrub_targets(root, study, copied):
+            scrub(target)
     sums = read_sums(root)
     for rel in copied:
         sums[rel] = sha256_file(root / rel)
     write_sums(root, sums)
     return copied
+
+
+def _scrub_targets(root: Path, study: str, copied: list[str]) -> list[Path]:
+    """The copied run directories and measurements (comparisons name their runs and are left as made)."""
+    runs, measurements = f"evidence/{study}/runs/", f"evidence/{study}/measurements/"
+    targets = {root / (runs + rel[len(runs) :].split("/", 1)[0]) for rel in copied if rel.startswith(runs)}
+    targets |= {root / rel for rel in copied if rel.startswith(measurements) and rel.endswith(".json")}
+    return sorted(targets)
 
 
 def _add_run(root: Path, source: Path, study: str) -> list[str]:

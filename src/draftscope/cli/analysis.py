@@ -18,6 +18,7 @@ from draftscope.analysis.output import refuse_existing
 from draftscope.cli.command import command, group
 from draftscope.cli.render import console
 from draftscope.core.errors import UserError
+from draftscope.ops.share import rewrite_host_paths
 
 # The bootstrap holds every resample's median in memory and takes time in proportion: a million gives a 95% interval
 # whose ends move by far less than any threshold, in seconds; a larger number only risks the machine.
@@ -218,8 +219,13 @@ def add(c, path, study=None, root=None):
             "no study given", field="--study", fix="add --study NAME (research/studies/NAME.yaml)"
         )
     folder = research_dir(root)
-    files = add_evidence(folder, Path(path), study)
+    rewritten: list[Path] = []
+    files = add_evidence(
+        folder, Path(path), study, scrub=lambda target: rewritten.extend(rewrite_host_paths(target))
+    )
     print(f"added {len(files)} file(s) under {folder}/evidence/{study}/ and their SHA-256 to SHA256SUMS")
+    if rewritten:
+        print(f"host paths rewritten as `invoke share` does (<run>, ~, …/NAME) in {len(rewritten)} of them")
 
 
 ns_evidence = group("evidence", verify, add)

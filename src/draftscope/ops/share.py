@@ -206,6 +206,47 @@ class HostPaths:
         return (out if changed else data), changed
 
 
+# A run directory's members whose host paths `rewrite_host_paths` rewrites in place (evidence, not a bundle).
+SCRUBBED_JSON = ("manifest.json", "summary.json", "worker.json")
+
+
+def host_path_rewrites(path: Path, home: str | None = None) -> list[tuple[Path, bytes]]:
+    """(file, its new bytes) for each file under `path` (a run directory, or one JSON file) in which this module's
+    rule would rewrite a host path: the run's JSON members and its logs (as text; bytes, so a progress bar's `\r`
+    stays). Records and inputs are never touched: they hold the prompts and tokens, and no host path."""
+    home = os.path.expanduser("~") if home is None else home
+    path = Path(path)
+    if path.is_file():
+        out, changed = HostPaths([], home).member(path.read_bytes())
+        return [(path, out)] if changed else []
+    manifest_file = path / "manifest.json"
+    manifest = read_json(manifest_file, expect=dict) if manifest_file.is_file() else {}
+    paths = HostPaths.for_run(path, manifest, home)
+    found: list[tuple[Path, bytes]] = []
+    for name in SCRUBBED_JSON:
+        member = path / name
+        if member.is_file() and not member.is_symlink():
+            out, changed = paths.member(member.read_bytes())
+            if changed:
+                found.append((member, out))
+    for log in sorted((path / "logs").glob("*.log")):
+        if log.is_file() and not log.is_symlink():
+            text = log.read_bytes().decode("utf-8", "surrogateescape")
+            new = paths.text(text)
+            if new != text:
+                found.append((log, new.encode("utf-8", "surrogateescape")))
+    return found
+
+
+def rewrite_host_paths(path: Path) -> list[Path]:
+    """Rewrite, in place, the host paths `host_path_rewrites` finds under `path`; returns the files changed. For
+    evidence that is committed (`invoke evidence.add`): what ran stays recorded, where on this machine does not."""
+    changed = host_path_rewrites(path)
+    for file, data in changed:
+        file.write_bytes(data)
+    return [file for file, _ in changed]
+
+
 def _recorded_run_dirs(manifest: Mapping[str, Any]) -> list[str]:
     """Where the run directory was when it ran (it may have moved since): the host side of its mount (`--mount`, or
     an older run's `--volume`), the `--run-dir` of a local step, and an `--output` of the command line that names

@@ -162,6 +162,43 @@ def test_add_task(tmp_path, research):
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
 
 
+def test_add_task_rewrites_the_host_paths_of_a_run_before_summing_it(tmp_path, research, capsys):
+    """What ran stays recorded; where on this machine does not: the steps' interpreter and run directory and a log's
+    site-packages path become `…/NAME` and `<run>` in the copy, whose hashes are then the ones summed."""
+    run = make_run(tmp_path / "r1", seed=3)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["steps"] = [
+        {
+            "name": "benchmark",
+            "status": "completed",
+            "argv": [
+                "/opt/someone/venv/bin/python",
+                "-m",
+                "draftscope",
+                "worker",
+                "benchmark",
+                "--run-dir",
+                str(run),
+            ],
+        }
+    ]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "logs").mkdir(exist_ok=True)
+    (run / "logs" / "benchmark.log").write_text(
+        "warning from /opt/someone/venv/lib/site-packages/x/y.py:3\r\n"
+    )
+    result = cli("evidence.add", str(run), "--study", "tiny-cpu-aa", "--root", str(research))
+    assert result.returncode == 0, result.stderr
+    assert "host paths rewritten" in result.stdout
+    copy = research / "evidence" / "tiny-cpu-aa" / "runs" / manifest["run_id"]
+    text = (copy / "manifest.json").read_text() + (copy / "logs" / "benchmark.log").read_text()
+    assert "/opt/someone" not in text and str(tmp_path) not in text
+    assert '"<run>"' in text and "…/python" in text and "…/y.py:3" in text
+    assert (copy / "logs" / "benchmark.log").read_bytes().endswith(b"\r\n")
+    assert cli("evidence.verify", "--root", str(research)).returncode == 0
+    assert _scrub_tool().main(["--check", str(copy)]) == 0
+
+
 # --- measurements: head-bench reports (and head-study study.json) in a measurement study -----------------------
 
 
