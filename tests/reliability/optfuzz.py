@@ -377,6 +377,8 @@ class Case:
         )
 
 
+# Folders of a working checkout that can hold many large files: only their entries are watched.
+SHALLOW = {"runs", "comparisons", ".wheels"}
 SKIP_DIRS = {
     ".git",
     "__pycache__",
@@ -393,7 +395,10 @@ def snapshot(top: Path) -> dict[str, tuple[int, int, int]]:
     found: dict[str, tuple[int, int, int]] = {}
     for folder, dirs, files in os.walk(top):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".venv")]
-        for name in (*dirs, *files):
+        names = (*dirs, *files)
+        if os.path.dirname(folder) == str(top) and os.path.basename(folder) in SHALLOW:
+            dirs[:] = []  # a new entry is seen; what lies inside an old one is not walked (runs can be large)
+        for name in names:
             path = os.path.join(folder, name)
             try:
                 st_ = os.lstat(path)
@@ -506,6 +511,17 @@ class World:
             .replace("{run}", str(self.run))
             .replace("{prompts}", str(self.prompts))
         )
+
+
+WARM = ("benchmark", "pipeline", "validate", "compare", "share", "head-study", "analyze", "plan", "presets")
+
+
+def warm(world: World) -> None:
+    """Run the baselines of the tasks whose first run imports much (numpy, matplotlib and its font cache, the
+    stage registry), outside any judged case: a cold import is not a hang."""
+    for task in WARM:
+        run_case(world, task, None, ())
+    world.counter = 0
 
 
 def run_case(world: World, task: str, option: str | None, given: tuple[str, ...]) -> Case:
