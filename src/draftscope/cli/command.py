@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -42,9 +43,14 @@ class Command(Task):
         # `cli.program`'s rewrite) would show no option's help. Each call reads a copy.
         kept = dict(self.help)
         try:
-            return super().get_arguments(ignore_unknown_help)
+            arguments = super().get_arguments(ignore_unknown_help)
         finally:
             self.help = kept
+        # An integer option is shown as INT; the parser keeps its text and __call__ parses it (one error: line).
+        for arg in arguments:
+            if arg.kind is int:
+                arg.set_value = functools.partial(_keep_text, arg)  # type: ignore[method-assign]
+        return arguments
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
         # `h` counts as taken: an option with `-h` would hide invoke's `TASK -h`. invoke picks the first free
@@ -52,8 +58,6 @@ class Command(Task):
         # (`--draft-tokens` shown as `--=STRING`, a bare `--` on the command line): such an option has no short flag.
         opts = super().arg_opts(name, default, {*taken_names, "h"})
         opts["names"] = [n for n in opts["names"] if len(n) > 1 or n.isalnum()]
-        if opts.get("kind") is int:  # read as text and parsed in __call__, one `error:` line on a bad number
-            opts["kind"] = str
         return opts
 
     def __call__(self, c: Context, *args: Any, **kwargs: Any) -> Any:
@@ -89,6 +93,10 @@ class Command(Task):
     def _defaults(self) -> dict[str, Any]:
         params = inspect.signature(self.body).parameters
         return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+
+
+def _keep_text(arg: Argument, value: Any, cast: bool = True) -> None:
+    Argument.set_value(arg, value, cast=False)
 
 
 def _flag(name: str) -> str:

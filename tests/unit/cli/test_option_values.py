@@ -96,3 +96,8 @@ def test_integer_options_still_reach_the_task_as_integers(monkeypatch):
     code, _, err = run("head-bench", "--hidden=64", "--repeats", "2")
     assert code == 0, err
     assert seen["hidden"] == 64 and seen["repeats"] == 2
+
+
+def test_integer_options_are_still_shown_as_int_in_the_help():
+    code, out, _ = run("--help", "bench-overhead")
+    assert code == 0 and "--tokens=INT" in out and "--rounds=INT" in out
