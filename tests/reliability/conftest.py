@@ -28,12 +28,14 @@ def seed() -> int:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     target = os.environ.get(FIGURES_ENV)
-    if target and (FIGURES.faults or FIGURES.reruns or FIGURES.bad_inputs or FIGURES.files_searched):
+    if target and (
+        FIGURES.faults or FIGURES.reruns or FIGURES.bad_inputs or FIGURES.generated or FIGURES.files_searched
+    ):
         FIGURES.write(Path(target))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    if FIGURES.faults or FIGURES.reruns or FIGURES.bad_inputs or FIGURES.files_searched:
+    if FIGURES.faults or FIGURES.reruns or FIGURES.bad_inputs or FIGURES.generated or FIGURES.files_searched:
         terminalreporter.section("reliability figures")
         for line in FIGURES.lines():
             terminalreporter.write_line(line)

@@ -57,9 +57,18 @@ class Finding:
 
 
 def research_dir(root: Path | str | None = None) -> Path:
-    """`root`, else research/ of the checkout, else ./research."""
+    """`root`, else research/ of the checkout, else ./research. A given `root` must look like a research folder
+    (SHA256SUMS or studies/ in it): anything else, `/` say, would be walked and hashed whole."""
     if root is not None:
-        return Path(root)
+        folder = Path(root)
+        if folder.is_dir() and not ((folder / SUMS).is_file() or (folder / "studies").is_dir()):
+            raise UserError(
+                "not a research folder (no SHA256SUMS and no studies/ in it)",
+                field="--root",
+                value=str(root),
+                fix="pass the research/ folder of a checkout",
+            )
+        return folder
     checkout = repo_root()
     return checkout / "research" if checkout is not None else Path("research")
 

@@ -15,7 +15,7 @@ from draftscope.analysis.evidence import check_study_inputs, load_study, researc
 from draftscope.analysis.evidence import verify as verify_evidence
 from draftscope.analysis.load import load_run, load_runs
 from draftscope.analysis.output import refuse_existing
-from draftscope.cli.command import command, group
+from draftscope.cli.command import command, group, parse_int
 from draftscope.cli.render import console
 from draftscope.core.errors import UserError
 from draftscope.ops.share import rewrite_host_paths
@@ -25,16 +25,14 @@ from draftscope.ops.share import rewrite_host_paths
 MAX_RESAMPLES = 1_000_000
 
 
-def _int(value, flag: str, minimum: int, maximum: int | None = None, why: str | None = None) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):
-        raise UserError("expected an integer", field=flag, value=value) from None
-    if number < minimum:
-        raise UserError(f"must be at least {minimum}", field=flag, value=value)
-    if maximum is not None and number > maximum:
-        raise UserError(f"must be at most {maximum:,}", field=flag, value=value, fix=why)
-    return number
+def _file_name(value: str, flag: str) -> Path:
+    """An output file's path: it must end in a file name (not `/`, `.` or `..`)."""
+    path = Path(value)
+    if not path.name or path.name == "..":
+        raise UserError(
+            "not a file name", field=flag, value=value, fix="give a file path, e.g. comparisons/x.json"
+        )
+    return path
 
 
 @command(
@@ -103,29 +101,31 @@ def compare(
     from draftscope.analysis.stats import parse_threshold
 
     frozen = _study_admission(study, (threshold, resamples, seed)) if study else {}
+    # The numbers and the output's name first: a bad one is refused before any run is read.
+    count = parse_int(
+        resamples or 10_000,
+        "--resamples",
+        1,
+        MAX_RESAMPLES,
+        fix="each resample is held in memory and computed; the 95% interval is settled long before this, "
+        "so give e.g. --resamples 10000",
+    )
+    seed_value = parse_int(seed or 0, "--seed", 0)
+    limit = parse_threshold(threshold or "1%")
+    named = _file_name(output, "--output") if output else None
     b, cand = load_run(base), load_run(candidate)
     refuse_unfinished((b, cand), allowed=bool(allow_unfinished))
     if study:
         check_study_inputs(frozen["protocol"], {r.run_id: r.prompts_sha256 for r in (b, cand)})
-    path = Path(output) if output else default_output(b, cand)
+    path = named or default_output(b, cand)
     for existing in (path, path.with_suffix(".png")):
         refuse_existing(existing, "--output")  # before any work
     doc = compare_runs(
         b,
         cand,
-        threshold=frozen.get("threshold", parse_threshold(threshold or "1%")),
-        resamples=frozen.get(
-            "resamples",
-            _int(
-                resamples or 10_000,
-                "--resamples",
-                1,
-                MAX_RESAMPLES,
-                "each resample is held in memory and computed; the 95% interval is settled long before this, "
-                "so give e.g. --resamples 10000",
-            ),
-        ),
-        seed=frozen.get("seed", _int(seed or 0, "--seed", 0)),
+        threshold=frozen.get("threshold", limit),
+        resamples=frozen.get("resamples", count),
+        seed=frozen.get("seed", seed_value),
         allow_subset=bool(allow_subset),
         study=study,
         argv=sys.argv,
@@ -176,7 +176,7 @@ def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, thr
         Path(run),
         Path(output),
         allow_image_drift=bool(allow_image_drift),
-        comparison=Path(comparison) if comparison else None,
+        comparison=_file_name(comparison, "--comparison") if comparison else None,
         threshold=parse_threshold(threshold),
         argv=sys.argv,
     )
@@ -199,7 +199,9 @@ def verify(c, root=None):
         print(finding.line())
     failed = [f for f in findings if not f.ok]
     if failed:
-        raise Exit(f"{folder}: {len(failed)} problem(s); first: {failed[0].file}: {failed[0].detail}", code=1)
+        raise Exit(
+            f"error: {folder}: {len(failed)} problem(s); first: {failed[0].file}: {failed[0].detail}", code=1
+        )
     print(f"{folder}: evidence verified ({len(findings)} check(s))")
 
 

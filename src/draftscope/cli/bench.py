@@ -12,7 +12,7 @@ from invoke import Exit
 from draftscope.bench.backends import BACKENDS
 from draftscope.bench.overhead import measure, report_lines
 from draftscope.bench.plan import load_prompts, plan_benchmark
-from draftscope.cli.command import command
+from draftscope.cli.command import command, parse_int
 from draftscope.cli.render import console, plan_lines, preset_table, print_json, yaml_text
 from draftscope.core import presets as P
 from draftscope.core.jsonio import read_json
@@ -179,13 +179,15 @@ def bench_overhead(c, tokens=64, rounds=5):
     # lazy: the tiny models' package (builder, rich's progress display); the command line starts without it
     from draftscope import tiny
 
+    # checked before the models load: `nan` or 0 used to end in a traceback from the decode loop
+    tokens, rounds = parse_int(tokens, "--tokens", 1, 4096), parse_int(rounds, "--rounds", 1, 1000)
     tokenizer, model = tiny.load_tokenizer(), tiny.load_target(device="cpu")
     prompts = read_json(load_prompts("examples/prompts.json").path)["prompts"][:4]
     encoded = []
     for p in prompts:
         out = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True)
         encoded.append(list(getattr(out, "input_ids", out)))
-    print("\n".join(report_lines(measure(model, encoded, tokens=int(tokens), rounds=int(rounds)))))
+    print("\n".join(report_lines(measure(model, encoded, tokens=tokens, rounds=rounds))))
 
 
 BENCH_TASKS = (plan, presets, benchmark, bench_overhead)

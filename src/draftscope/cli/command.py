@@ -5,12 +5,17 @@
   positional argument is expected asks for help. invoke's parser gives a missing positional the next word, so
   without this `invoke validate --help` would validate a folder named `--help`. (The `draftscope` command turns
   these into `draftscope --help TASK` before parsing, `cli.program`; this is the same for `invoke`.)
+- Values: every value is checked before the task sees it (`checked_values`): no NUL byte, UTF-8 only (the kit
+  records values in JSON and prints them), and an option declared with an integer default is parsed here into an
+  `int` (invoke's own cast would end in a traceback on `nan`), each failure one `error:` line naming the option.
 - Several values: `variadic="run"` names the repeatable option (declared in `iterable`) that takes the words after
   the positionals, for `draftscope analyze A B C` (`cli.program`); `invoke` takes them as `--run B --run C`.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +23,7 @@ from invoke import Collection, Context, Program, Task, task
 from invoke.parser import Argument
 
 from draftscope.cli.handler import exits
+from draftscope.core.errors import UserError
 
 HELP_WORDS = ("--help", "-h")
 CONFIG_KEY = "draftscope"  # a group's collection config: {"draftscope": {"group": NAME}}, for its tasks' help
@@ -37,9 +43,14 @@ class Command(Task):
         # `cli.program`'s rewrite) would show no option's help. Each call reads a copy.
         kept = dict(self.help)
         try:
-            return super().get_arguments(ignore_unknown_help)
+            arguments = super().get_arguments(ignore_unknown_help)
         finally:
             self.help = kept
+        # An integer option is shown as INT; the parser keeps its text and __call__ parses it (one error: line).
+        for arg in arguments:
+            if arg.kind is int:
+                arg.set_value = functools.partial(_keep_text, arg)  # type: ignore[method-assign]
+        return arguments
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
         # `h` counts as taken: an option with `-h` would hide invoke's `TASK -h`. invoke picks the first free
@@ -55,12 +66,70 @@ class Command(Task):
             print_help(self, group)
             return None
         with exits():
+            args, kwargs = self.checked_values(args, kwargs)
             return super().__call__(c, *args, **kwargs)
 
     def asks_for_help(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """A positional argument got `--help` or `-h`: the user asked for help, not for a path of that name."""
         given = [*args, *(kwargs.get(name) for name in self.positional)]
         return any(isinstance(value, str) and value in HELP_WORDS for value in given)
+
+    def checked_values(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The values with the integer options parsed; a value no command can take refused (see the docstring)."""
+        ints = {n for n, default in self._defaults().items() if type(default) is int}
+        out = {}
+        for name, value in kwargs.items():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, str):
+                    check_text(item, _flag(name))
+            out[name] = parse_int(value, _flag(name)) if name in ints and isinstance(value, str) else value
+        for i, value in enumerate(args):
+            if isinstance(value, str):
+                check_text(value, f"argument {i + 1}")
+        return args, out
+
+    def _defaults(self) -> dict[str, Any]:
+        params = inspect.signature(self.body).parameters
+        return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+
+
+def _keep_text(arg: Argument, value: Any, cast: bool = True) -> None:
+    Argument.set_value(arg, value, cast=False)
+
+
+def _flag(name: str) -> str:
+    dashed = name.replace("_", "-")
+    return f"-{dashed}" if len(dashed) == 1 else f"--{dashed}"
+
+
+def check_text(value: str, field: str) -> str:
+    """`value` unless it holds a NUL byte or bytes that are not UTF-8 (the kit writes values into JSON records)."""
+    if "\x00" in value:
+        raise UserError("the value holds a NUL byte", field=field, value=value)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(
+            "the value is not valid UTF-8", field=field, value=value, fix="use a UTF-8 name or value"
+        ) from None
+    return value
+
+
+def parse_int(
+    value: Any, field: str, minimum: int | None = None, maximum: int | None = None, *, fix: str | None = None
+) -> int:
+    """`value` as an integer within [minimum, maximum]; one `error:` line naming `field` otherwise."""
+    try:
+        number = int(str(value).strip())
+    except (TypeError, ValueError):
+        raise UserError("expected an integer", field=field, value=value) from None
+    if minimum is not None and number < minimum:
+        raise UserError(f"must be at least {minimum}", field=field, value=value)
+    if maximum is not None and number > maximum:
+        raise UserError(f"must be at most {maximum:,}", field=field, value=value, fix=fix)
+    return number
 
 
 def command(*args: Any, **kwargs: Any) -> Any:

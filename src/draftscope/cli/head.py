@@ -3,9 +3,13 @@ policies) and `head-bench` (latency of dense vs coarse + refine at real shapes).
 
 from __future__ import annotations
 
-from draftscope.cli.command import command
+from draftscope.cli.command import command, parse_int
 from draftscope.cli.render import console
 from draftscope.head import bench
+
+MAX_HIDDEN = (
+    1 << 16
+)  # 65536: past every real model's hidden size (a 10^30 would end in torch, not in a message)
 
 
 @command(
@@ -35,10 +39,10 @@ def head_bench(
     bench.main(
         device=device,
         vocab=vocab,
-        hidden=int(hidden),
+        hidden=parse_int(hidden, "--hidden", 1, MAX_HIDDEN),
         rows=rows,
         fallback=fallback,
-        repeats=int(repeats),
+        repeats=parse_int(repeats, "--repeats", 1, 1000),
         output=output,
         show=console().print,
     )
@@ -59,9 +63,9 @@ def head_study(c, run, k=64, group_size=None, output=None):
     # lazy: head.study brings the tiny models' package (for the kit's head); the command line starts without it
     from draftscope.head import study
 
-    study.main(
-        run, k=int(k), group_size=int(group_size) if group_size else None, output=output, show=console().print
-    )
+    k = parse_int(k, "-k", 0, 1 << 20)
+    size = parse_int(group_size, "--group-size", 1, 1 << 20) if group_size else None
+    study.main(run, k=k, group_size=size, output=output, show=console().print)
 
 
 HEAD_TASKS = [head_bench, head_study]

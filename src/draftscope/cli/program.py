@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import copy
 
-from invoke import Collection, Program
-from invoke.parser import Argument, ParserContext
+from invoke import Collection, Exit, Program
+from invoke.parser import Argument, ParseError, ParserContext
 
 from draftscope.cli.command import HELP_WORDS
 from draftscope.cli.doctor import version_text
@@ -28,6 +28,13 @@ class DraftscopeProgram(Program):
     def print_version(self) -> None:
         # The commit too, from a checkout (kit_info runs git only then), and only when asked.
         print(f"{self.name} {version_text(kit_info())}")
+
+    def parse_tasks(self) -> None:
+        # invoke prints its parser's complaints as they are ("No idea what 'x' is!"): the kit's one line is `error:`.
+        try:
+            super().parse_tasks()
+        except ParseError as exc:
+            raise Exit(f"error: {exc}", code=1) from None
 
     def normalize_argv(self, argv: list[str] | str | None) -> None:
         # invoke's hook for the argv it is about to parse: the task words (after invoke's own options, before

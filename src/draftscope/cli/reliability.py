@@ -28,8 +28,9 @@ from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figu
     }
 )
 def reliability(c, seed=None, pytest_args=""):
-    """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus, search outputs for a planted
-    secret; print faults injected/survived, bad inputs tried/refused, records lost, torn lines, secrets found."""
+    """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus and generated hostile values for
+    every option of every command, search outputs for a planted secret; print faults injected/survived, bad inputs
+    tried/refused (named and generated apart), records lost, torn lines, secrets found."""
     root = repo_root()
     if root is None or not (root / "tests" / "reliability").is_dir():
         raise UserError("the reliability suite lives in the kit's checkout", fix="run it from a git checkout")

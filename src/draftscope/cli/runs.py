@@ -28,7 +28,7 @@ def validate(c, run_dir):
         print(line)
     if not report.ok:
         failed = sum(not v.ok for v in report.verdicts)
-        raise Exit(f"{run_dir}: {failed} of {len(report.verdicts)} file(s) failed validation", code=1)
+        raise Exit(f"error: {run_dir}: {failed} of {len(report.verdicts)} file(s) failed validation", code=1)
     print(f"{run_dir}: all {len(report.verdicts)} file(s) valid")
 
 

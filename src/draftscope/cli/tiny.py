@@ -7,7 +7,9 @@ from pathlib import Path
 
 from invoke import Exit
 
-from draftscope.cli.command import command, group
+from draftscope.cli.command import command, group, parse_int
+
+MAX_STEPS = 1_000_000  # training steps; the kit's own are a few thousand
 
 
 @command(
@@ -31,8 +33,12 @@ def build(c, check=False, install=False, target_steps=None, draft_steps=None, ou
         print("\n".join(tiny.check_lines()))
         return
     steps = {
-        "target_steps": int(target_steps) if target_steps else tiny.TARGET_STEPS,
-        "draft_steps": int(draft_steps) if draft_steps else tiny.DRAFT_STEPS,
+        "target_steps": parse_int(target_steps, "--target-steps", 1, MAX_STEPS)
+        if target_steps
+        else tiny.TARGET_STEPS,
+        "draft_steps": parse_int(draft_steps, "--draft-steps", 1, MAX_STEPS)
+        if draft_steps
+        else tiny.DRAFT_STEPS,
     }
     if output:
         _rebuild(Path(output), steps, install)

