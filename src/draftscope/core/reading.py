@@ -68,6 +68,8 @@ def _open_regular(path: Path, limit: int | None) -> int:
     stat() first, so a FIFO, a directory or a device is refused before open(); O_NONBLOCK, so that even a FIFO
     swapped in between cannot block the open; fstat() of the opened fd, so what is read is what was checked."""
     source = str(path)
+    if "\0" in source:
+        raise UserError("a path cannot hold a NUL byte", source=repr(source), fix="check the path")
     try:
         before = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):

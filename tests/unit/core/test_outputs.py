@@ -96,3 +96,7 @@ def test_any_path_is_accepted_or_refused_cleanly(tmp_path_factory, parts):
     except UserError as exc:
         assert exc.field == "--output" and exc.fix
     assert sorted(os.listdir(root)) == before
+
+
+def test_a_nul_byte_is_refused_not_a_value_error(tmp_path):
+    assert "NUL byte" in refused(f"{tmp_path}/a\0b")

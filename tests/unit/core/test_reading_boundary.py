@@ -468,3 +468,10 @@ def test_load_prompts_hashes_the_bytes_it_checked(tmp_path: Path):
     path.write_text("[1]")
     with pytest.raises(UserError, match="expected a JSON object at the top level"):
         load_prompts(str(path))
+
+
+def test_unreachable_paths_are_user_errors(tmp_path):
+    """A NUL byte (ValueError from the OS layer) and a name longer than the system allows (ENAMETOOLONG)."""
+    for path in (tmp_path / "a\0b.json", tmp_path / ("n" * 10_000 + ".json")):
+        with pytest.raises(UserError):
+            read_json(path)
