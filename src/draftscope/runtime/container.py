@@ -79,21 +79,53 @@ def container_user(user: tuple[int, int]) -> tuple[int, int]:
     return uid, IMAGE_USER[1] if gid == 0 else gid
 
 
+# Folders whose trees are never handed over (a cache variable pointing at one of them would otherwise give the
+# system to uid 10001): these themselves, and anything under the first group.
+_SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/sbin",
+    "/sys",
+)
+_SYSTEM_TREES += ("/usr", "/run")
+_SYSTEM_FOLDERS = ("/", "/home", "/mnt", "/media", "/opt", "/root", "/srv", "/tmp", "/var", "/var/lib")
+
+
 def hand_over(source: Path, user: tuple[int, int]) -> None:
     """Give a writable mount's tree to the container's user, when the kit runs as root and the step does not: the
     invoking root can still read and remove all of it. Changed without following anything: a symbolic link is
     changed itself (lchown), a mount point inside is not entered, and a non-folder with more than one hard link is
-    left alone (a reused workdir may hold a hard link to a file elsewhere, e.g. /etc/shadow)."""
+    left alone (a reused workdir may hold a hard link to a file elsewhere, e.g. /etc/shadow). A system folder (a
+    cache variable set to `/` or `/usr`) is refused; what already belongs to the user is left as it is."""
     top = source.resolve()
+    if str(top) in _SYSTEM_FOLDERS or any(top == Path(t) or Path(t) in top.parents for t in _SYSTEM_TREES):
+        raise UserError(
+            f"a system folder cannot be handed to the container's user {user[0]}",
+            field="writable mount",
+            value=str(top),
+            fix="point the setting that names it (e.g. HF_HUB_CACHE, --output) at a folder of its own",
+        )
     device = top.stat().st_dev
-    os.chown(top, *user)
+
+    def give(path: str | Path, info: os.stat_result) -> None:
+        if (info.st_uid, info.st_gid) != user:
+            os.chown(path, *user, follow_symlinks=False)
+
+    give(top, top.lstat())
     for folder, dirs, files in os.walk(top):  # os.walk does not descend into linked folders
         keep = []
         for name in dirs:
             path = os.path.join(folder, name)
             info = os.lstat(path)
             if info.st_dev == device:
-                os.chown(path, *user, follow_symlinks=False)
+                give(path, info)
                 if stat.S_ISDIR(info.st_mode):
                     keep.append(name)
         dirs[:] = keep
@@ -101,7 +133,7 @@ def hand_over(source: Path, user: tuple[int, int]) -> None:
             path = os.path.join(folder, name)
             info = os.lstat(path)
             if info.st_dev == device and (stat.S_ISLNK(info.st_mode) or info.st_nlink == 1):
-                os.chown(path, *user, follow_symlinks=False)
+                give(path, info)
 
 
 def mount_spec(source: str, target: str, read_only: bool) -> str:

@@ -233,3 +233,12 @@ def test_the_local_runtime_gives_credentials_to_the_fetch_step_only(monkeypatch)
     ctx = Context(run_dir=Path("/runs/r"), run_id="r")
     assert LocalRuntime().env(fetch, ctx)["HF_TOKEN"] == "hf_planted"
     assert "HF_TOKEN" not in LocalRuntime().env(bench, ctx)
+
+
+@pytest.mark.parametrize(
+    "folder", ["/", "/usr", "/usr/lib/python3", "/etc", "/root", "/home", "/var", "/tmp"]
+)
+def test_hand_over_refuses_a_system_folder(folder):
+    with pytest.raises(UserError) as caught:
+        hand_over(Path(folder), (4321, 4321))
+    assert caught.value.field == "writable mount" and caught.value.fix
