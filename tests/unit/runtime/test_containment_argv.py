@@ -242,3 +242,25 @@ def test_hand_over_refuses_a_system_folder(folder):
     with pytest.raises(UserError) as caught:
         hand_over(Path(folder), (4321, 4321))
     assert caught.value.field == "writable mount" and caught.value.fix
+
+
+def test_the_slurm_dry_run_shows_the_fetch_job_with_its_argv_and_credential_names(monkeypatch, tmp_path):
+    from draftscope.pipeline import runner
+    from draftscope.pipeline.slurm import submit
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # the snapshot is missing: fetch runs
+    resolved = load_pipeline_config(preset="qwen3-8b", overrides={"slurm": {"partition": "gpu"}})
+    plan = planning.build(resolved, registry.select("all"), tmp_path / "w", "docker")
+    assert runner.fetch_step(plan) is not None
+    lines = submit.dry_run_lines(plan, ContainerRuntime("docker"))
+    at = lines.index(
+        "# the only step given credentials, by name (values never recorded): HF_TOKEN, HUGGING_FACE_HUB_TOKEN"
+    )
+    fetch = shlex.split(lines[at + 2].removeprefix("#").strip())
+    assert fetch[:2] == ["docker", "run"] and "--read-only" in fetch and "--network" not in fetch
+    assert any(line.startswith("fetch=$(sbatch ") for line in lines)
+    # With the snapshot in the cache no fetch job is submitted, and the dry run says why.
+    monkeypatch.setattr(planning, "fetch_needed", lambda plan: False)
+    lines = submit.dry_run_lines(plan, ContainerRuntime("docker"))
+    assert "# fetch: skipped (the pinned target snapshot is in the hub cache)" in lines
+    assert not any(line.startswith("fetch=$(sbatch ") for line in lines)
