@@ -347,17 +347,28 @@ def test_pipeline_stage_mounts(kit_image, owned_tmp, planted, stage):
     from draftscope.pipeline.plan import CHAT_MOUNT, PROMPTS_MOUNT
 
     workdir = owned_tmp / "w"
-    (workdir / "logs").mkdir(parents=True)
+    workdir.mkdir()  # a fresh workdir: logs/ is made by the kit (root) and handed over with the rest
     resolved = load_pipeline_config(preset="tiny", opts=[f"data.chat={ROOT / 'examples' / 'chat.jsonl'}"])
     plan = planning.build(resolved, registry.select(stage), workdir, "docker")
     (sp,) = plan.stages
     models = next(m.target for m in sp.step.mounts if m.target.startswith("/draftscope/models"))
     assert {m.target for m in sp.step.mounts if not m.read_only} == {RUN_MOUNT}
-    targets = [RUN_MOUNT, models, f"{models}/target/config.json", CHAT_MOUNT, PROMPTS_MOUNT]
+    targets = [
+        RUN_MOUNT,
+        f"{RUN_MOUNT}/logs",
+        models,
+        f"{models}/target/config.json",
+        CHAT_MOUNT,
+        PROMPTS_MOUNT,
+    ]
     report = probe(sp.step, workdir, (0, 0), targets)
     # The models folder refuses by its flag; the checkout's files (root's, mode 644) by their bits first.
     assert_contained(
-        report, uid=IMAGE_USER[0], writable={RUN_MOUNT}, readonly={models}, refused=set(targets[2:])
+        report,
+        uid=IMAGE_USER[0],
+        writable={RUN_MOUNT, f"{RUN_MOUNT}/logs"},  # a stage's servers write their logs there themselves
+        readonly={models},
+        refused=set(targets[3:]),
     )
     assert_limits(report, sp.step.limits)
     assert report["hf_token_sha256"] is None

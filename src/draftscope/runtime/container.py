@@ -231,6 +231,7 @@ class ContainerRuntime:
                         value=str(source),
                         fix="create it, or point the setting that names it at a writable place",
                     ) from None
+        log = log_path(ctx, step)  # made first: a step may write its servers' logs under logs/ itself
         user = container_user(ctx.user)
         if user != ctx.user and _is_root():
             for mount in (m for m in step.mounts if not m.read_only):
@@ -246,7 +247,6 @@ class ContainerRuntime:
                         fix="put the run directory (or cache) on a filesystem where root may change owners, "
                         "or run the kit as an unprivileged user",
                     ) from None
-        log = log_path(ctx, step)
         started = time.monotonic()
         try:
             with log.open("ab") as out:
