@@ -30,7 +30,16 @@ from draftscope.core.presets import (
 from draftscope.core.resources import resolve_path
 from draftscope.core.schema import check
 from draftscope.head.vllm_switch import env_for as prefix_head_env
-from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step
+from draftscope.runtime.step import (
+    CACHE_MOUNT,
+    CREDENTIALS,
+    FETCH_LIMITS,
+    RUN_MOUNT,
+    Limits,
+    Mount,
+    Step,
+    default_limits,
+)
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,9 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
                 argv=tuple(argv),
                 mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
                 env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
-                env_passthrough=CREDENTIALS,
                 network=True,
+                limits=limits_for(config, gpus=0, fetch=True),
+                credentials=CREDENTIALS,  # the one step that talks to the hub
             )
         )
 
@@ -149,10 +159,18 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
             env=MappingProxyType(env),
             gpus=gpus,
             ipc_host=backend.ipc_host,
-            network=False,  # weights are local by now: the worker needs no network
+            network=False,  # weights are local by now: the worker needs no network (and gets no credential)
+            limits=limits_for(config, gpus=gpus),
             time_limit_s=config.max_seconds,
             outputs=("manifest.json", "records.jsonl", "summary.json"),
             output_schema="summary",
         )
     )
     return Plan(config, preset, target, draft, prompts, downloads, tuple(steps), tuple(notes))
+
+
+def limits_for(config: ExperimentConfig, *, gpus: int, fetch: bool = False) -> Limits:
+    """A step's container limits: its kind's default, overridden by the experiment's `container:` values."""
+    base = FETCH_LIMITS if fetch else default_limits(gpus)
+    c = config.container
+    return base.override(memory=c.memory, pids=c.pids, shm_size=c.shm_size)

@@ -71,6 +71,13 @@ def step_lines(step: Step) -> list[str]:
         lines.append(f"    env: {key}={value}")
     if step.env_passthrough:
         lines.append(f"    env by name (values never recorded): {', '.join(step.env_passthrough)}")
+    if step.credentials:
+        lines.append(f"    credentials by name (values never recorded): {', '.join(step.credentials)}")
+    shm = "host IPC" if step.ipc_host else f"shm {step.limits.shm_size}"
+    lines.append(
+        f"    container limits: memory {step.limits.memory} (no swap), pids {step.limits.pids}, {shm};"
+        " read-only root, tmpfs /tmp"
+    )
     return lines
 
 

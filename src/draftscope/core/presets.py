@@ -163,6 +163,33 @@ class VllmOptions:
     attention_backend: str | None = None
 
 
+_SIZE_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def size_bytes(size: str) -> int:
+    """docker's size notation (digits and a unit k, m or g, as the schema admits) in bytes."""
+    return int(size[:-1]) * _SIZE_UNITS[size[-1]]
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    """A run's container limits (`container:` in an experiment or pipeline config); None: the step kind's default.
+    The schema checks the notation; the floor the engines need is checked here, naming the field."""
+
+    memory: str | None = None
+    pids: int | None = None
+    shm_size: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory is not None and size_bytes(self.memory) < 64 * 1024**2:
+            raise UserError(
+                "a container memory limit under 64 MiB leaves no room for Python and the model",
+                field="container.memory",
+                value=self.memory,
+                fix="give at least 64m, e.g. --opts container.memory=8g",
+            )
+
+
 @dataclass(frozen=True)
 class HeadOptions:
     """The target head in the kit's speculative loop (Transformers backend; docs/head.md)."""
@@ -203,6 +230,7 @@ class ExperimentConfig:
     seed: int = 0
     vllm: VllmOptions = field(default_factory=VllmOptions)
     head: HeadOptions = field(default_factory=HeadOptions)
+    container: ContainerOptions = field(default_factory=ContainerOptions)
 
     def __post_init__(self) -> None:
         # Cross-field rules the schema cannot state; each names the field and the fix. The rules of one backend

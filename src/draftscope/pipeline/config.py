@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from draftscope.core.config import build, deep_merge, load_yaml, parse_opts, to_dict, validated
 from draftscope.core.errors import UserError
-from draftscope.core.presets import ModelPreset, load_model_preset
+from draftscope.core.presets import ContainerOptions, ModelPreset, load_model_preset
 from draftscope.core.resources import presets_dir
 
 DRAFTS = ("dflash", "dflash2", "dspark")
@@ -186,6 +186,7 @@ class PipelineConfig:
     gpus: int = 8
     seed: int = 0
     time_limits: Mapping[str, float] = field(default_factory=dict)
+    container: ContainerOptions = field(default_factory=ContainerOptions)
     data: DataOptions = field(default_factory=DataOptions)
     regen: RegenOptions = field(default_factory=RegenOptions)
     pretokenize: PretokenizeOptions = field(default_factory=PretokenizeOptions)

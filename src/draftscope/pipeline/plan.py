@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from draftscope.core import images
 from draftscope.core.errors import UserError
+from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.presets import ModelPreset
 from draftscope.core.provenance import shell_join
 from draftscope.core.resources import resolve_path
@@ -32,7 +33,16 @@ from draftscope.pipeline.base import (
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
 from draftscope.runtime import Context
-from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount, Step
+from draftscope.runtime.step import (
+    CACHE_MOUNT,
+    CREDENTIALS,
+    FETCH_LIMITS,
+    RUN_MOUNT,
+    Limits,
+    Mount,
+    Step,
+    default_limits,
+)
 
 CHAT_MOUNT = f"{INPUTS_MOUNT}/chat.jsonl"
 PROMPTS_MOUNT = f"{INPUTS_MOUNT}/prompts.json"
@@ -118,11 +128,48 @@ def stage_step(stage: Stage, ctx: StageContext) -> Step:
         env=MappingProxyType(env),
         gpus=-1 if gpu else 0,
         ipc_host=gpu,  # NCCL / vLLM / SGLang worker processes share memory through /dev/shm
-        network=False,  # weights are local; servers listen on the container's own loopback
+        network=False,  # weights are local; servers listen on the container's own loopback (no credential)
+        # A GPU pipeline's CPU stages (pretokenize, prepare) handle the full data set: the host-scale limits.
+        limits=limits_for(ctx.config, gpus=0 if ctx.cpu else -1),
         time_limit_s=ctx.config.time_limits.get(stage.name),
         outputs=tuple(str(a.path.relative_to(ctx.workdir)) for a in stage.outputs(ctx)),
         output_schema=stage.output_schema,
     )
+
+
+def limits_for(config: PipelineConfig, *, gpus: int, fetch: bool = False) -> Limits:
+    """A step's container limits: its kind's default, overridden by the config's `container:` values."""
+    base = FETCH_LIMITS if fetch else default_limits(gpus)
+    c = config.container
+    return base.override(memory=c.memory, pids=c.pids, shm_size=c.shm_size)
+
+
+def fetch_step(plan: PipelinePlan) -> Step | None:
+    """The step that downloads the pinned target snapshot (network on, the hub credentials by name, the hub cache
+    writable), for a preset that loads its target from the hub; None otherwise. It runs first, and only when the
+    hub cache lacks the snapshot (`fetch_needed`); the dry run shows it either way."""
+    preset, config = plan.preset, plan.config
+    if preset.hub is None or config.model_path is not None or preset.hub.revision is None:
+        return None
+    argv = tuple(fetch_argv(CACHE_MOUNT, [(preset.hub.repo, preset.hub.revision)]))
+    return Step(
+        name="fetch",
+        image=FETCH_IMAGE,
+        argv=argv,
+        mounts=(Mount(str(hub_cache_dir()), CACHE_MOUNT, read_only=False),),
+        env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
+        network=True,
+        limits=limits_for(config, gpus=0, fetch=True),
+        credentials=CREDENTIALS,  # the one step that talks to the hub
+    )
+
+
+def fetch_needed(plan: PipelinePlan) -> bool:
+    """Whether the hub cache lacks the pinned snapshot that `fetch_step` downloads."""
+    hub = plan.preset.hub
+    if hub is None or hub.revision is None:
+        return False
+    return not Path(hub_snapshot(str(hub_cache_dir()), hub.repo, hub.revision)).is_dir()
 
 
 def check_stage_names(config: PipelineConfig) -> None:
@@ -204,6 +251,14 @@ def dry_run_lines(plan: PipelinePlan, runtime) -> list[str]:
         f"# config: {plan.source}",
     ]
     lines += [f"# note: {n}" for n in plan.notes]
+    fetch = fetch_step(plan)
+    if fetch is not None:
+        when = "runs first" if fetch_needed(plan) else "skipped: the snapshot is in the hub cache"
+        lines.append("")
+        lines.append(f"# [fetch] the pinned target snapshot ({when}); network on, the hub cache writable")
+        lines.append(f"#   image {fetch.image}: {images.image_reference(fetch.image)}")
+        lines.append(f"#   credentials by name (values never recorded): {', '.join(fetch.credentials)}")
+        lines.append(shell_join(runtime.argv(fetch, ctx)))
     total = len(plan.stages)
     for i, sp in enumerate(plan.stages, start=1):
         reference = images.image_reference(sp.step.image)

@@ -28,16 +28,16 @@ except ImportError:  # pragma: no cover - Windows: no flock, so a workdir is not
 
 from draftscope.core.errors import UserError
 from draftscope.core.hardware import nvidia_gpus_present
-from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
 from draftscope.core.platforms import refusal
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.core.schema import problems
+from draftscope.pipeline import plan as planning
 from draftscope.pipeline import state
 from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, ResolvedInstance, StageContext, check_ports_free
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
 from draftscope.runtime import Context, Outcome, Runtime
-from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, Mount, Step
+from draftscope.runtime.step import Step
 from draftscope.tiny.assets import require_files
 
 Printer = Callable[[str], None]
@@ -70,22 +70,7 @@ def engine_refusal(sp: StagePlan, preset_source: str) -> str | None:
 
 def fetch_step(plan: PipelinePlan) -> Step | None:
     """Download the pinned target snapshot first (network, transformers image) when the hub cache lacks it."""
-    preset, config = plan.preset, plan.config
-    if preset.hub is None or config.model_path is not None or preset.hub.revision is None:
-        return None
-    cache = hub_cache_dir()
-    if Path(hub_snapshot(str(cache), preset.hub.repo, preset.hub.revision)).is_dir():
-        return None
-    argv = tuple(fetch_argv(CACHE_MOUNT, [(preset.hub.repo, preset.hub.revision)]))
-    return Step(
-        name="fetch",
-        image=FETCH_IMAGE,
-        argv=argv,
-        mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
-        env={"HF_HUB_CACHE": CACHE_MOUNT},
-        env_passthrough=CREDENTIALS,
-        network=True,
-    )
+    return planning.fetch_step(plan) if planning.fetch_needed(plan) else None
 
 
 def _produced_by_earlier(path: Path, produced: list[Path]) -> bool:

@@ -20,11 +20,10 @@ from typing import Any, Protocol
 from draftscope.core.platforms import host_user
 from draftscope.runtime.step import Step
 
-# Variables a step may receive from the host environment, by name, besides the step's own. Credentials are
-# passed by name only (their values never enter an argv, a log line the kit writes, or a manifest).
+# Variables a step may receive from the host environment, by name, besides the step's own. No credential: those go
+# to the steps that fetch only (`Step.credentials`), also by name (their values never enter an argv, a log line
+# the kit writes, or a manifest).
 ENV_ALLOW = (
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "TZ",

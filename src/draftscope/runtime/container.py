@@ -9,6 +9,15 @@ Facts this code is built on (docs/upstream-facts.md, checked on podman 4.3 throu
 - Bind mounts are `--mount type=bind,source=…,target=…[,readonly]`, CSV-quoted (`mount_spec`): docker and podman
   (4.3 checked: a source holding `:`, `,`, `"` and a space, read-only honoured) parse it as one CSV record, where
   `--volume SRC:TARGET:MODE` splits a host path holding `:`.
+
+Containment (every step; tests/container/test_containment.py shows each on the real engine):
+- `--read-only` root filesystem; the one writable place besides the step's writable mounts (the run directory, the
+  fetch step's hub cache) is a tmpfs at /tmp (`TMPFS`), which HOME_ENV points HOME and every engine cache at.
+- `--memory` with `--memory-swap` equal (no swap beyond it), `--pids-limit`, and `--shm-size` unless the step shares
+  the host's IPC namespace (`--ipc host`: the host's /dev/shm, where a size is moot): the step's `Limits`.
+- never uid 0 inside: invoked as root, a step runs as the images' own user (uid 10001), and its writable mounts
+  are handed to that user first (`hand_over`); `--cap-drop ALL` and `no-new-privileges` always.
+- credentials (`Step.credentials`) by name, to the step that fetches only.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import csv
 import io
 import json
 import os
+import stat
 import subprocess
 import time
 from collections.abc import Iterable, Mapping
@@ -25,6 +35,7 @@ from typing import Any
 
 from draftscope.core.errors import UserError
 from draftscope.core.images import image_reference
+from draftscope.core.platforms import IMAGE_USER
 from draftscope.runtime.base import (
     ENV_ALLOW,
     Context,
@@ -37,7 +48,7 @@ from draftscope.runtime.base import (
 )
 from draftscope.runtime.step import RUN_MOUNT, Mount, Step
 
-# Writable places for a user that has no home in the image.
+# Writable places for a user that has no home in the image: all under /tmp, the tmpfs below.
 HOME_ENV = {
     "HOME": "/tmp/home",
     "XDG_CACHE_HOME": "/tmp/home/.cache",
@@ -46,6 +57,83 @@ HOME_ENV = {
     "VLLM_CACHE_ROOT": "/tmp/home/.cache/vllm",
     "PYTHONUNBUFFERED": "1",
 }
+
+# The root filesystem is read-only; the engines still write scratch files: HOME and the caches above (Hugging Face
+# modules, torch hub, Triton kernels, vLLM's compile cache and usage file), torch inductor's /tmp/torchinductor_*,
+# torchrun's and tempfile's scratch. One tmpfs at /tmp holds them all: `exec`, because Triton and inductor dlopen
+# the kernels they compile there (a tmpfs is noexec by default); `mode=1777`, so that any uid can make its HOME.
+# It lives in the container's memory, counted against `--memory`. Nothing written there outlives the step: what
+# matters goes to the run directory (or, for the fetch step, the hub cache). podman adds tmpfs at /var/tmp and /run
+# of its own with `--read-only`; docker does not, and nothing the kit runs needs them.
+TMPFS = ("/tmp:rw,exec,nosuid,nodev,mode=1777",)
+
+
+def container_user(user: tuple[int, int]) -> tuple[int, int]:
+    """The uid:gid a step runs as: the invoking user, so that the run directory's files are theirs; never root's ids.
+    Invoked as root (uid 0), the step runs as the images' own unprivileged user (uid 10001, made by every
+    Dockerfile); gid 0 alone is replaced by that user's group. Works alike with docker and rootful or rootless
+    podman (no user namespace setting needed); `hand_over` makes the writable mounts that user's."""
+    uid, gid = user
+    if uid == 0:
+        return IMAGE_USER
+    return uid, IMAGE_USER[1] if gid == 0 else gid
+
+
+# Folders whose trees are never handed over (a cache variable pointing at one of them would otherwise give the
+# system to uid 10001): these themselves, and anything under the first group.
+_SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/sbin",
+    "/sys",
+)
+_SYSTEM_TREES += ("/usr", "/run")
+_SYSTEM_FOLDERS = ("/", "/home", "/mnt", "/media", "/opt", "/root", "/srv", "/tmp", "/var", "/var/lib")
+
+
+def hand_over(source: Path, user: tuple[int, int]) -> None:
+    """Give a writable mount's tree to the container's user, when the kit runs as root and the step does not: the
+    invoking root can still read and remove all of it. Changed without following anything: a symbolic link is
+    changed itself (lchown), a mount point inside is not entered, and a non-folder with more than one hard link is
+    left alone (a reused workdir may hold a hard link to a file elsewhere, e.g. /etc/shadow). A system folder (a
+    cache variable set to `/` or `/usr`) is refused; what already belongs to the user is left as it is."""
+    top = source.resolve()
+    if str(top) in _SYSTEM_FOLDERS or any(top == Path(t) or Path(t) in top.parents for t in _SYSTEM_TREES):
+        raise UserError(
+            f"a system folder cannot be handed to the container's user {user[0]}",
+            field="writable mount",
+            value=str(top),
+            fix="point the setting that names it (e.g. HF_HUB_CACHE, --output) at a folder of its own",
+        )
+    device = top.stat().st_dev
+
+    def give(path: str | Path, info: os.stat_result) -> None:
+        if (info.st_uid, info.st_gid) != user:
+            os.chown(path, *user, follow_symlinks=False)
+
+    give(top, top.lstat())
+    for folder, dirs, files in os.walk(top):  # os.walk does not descend into linked folders
+        keep = []
+        for name in dirs:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            if info.st_dev == device:
+                give(path, info)
+                if stat.S_ISDIR(info.st_mode):
+                    keep.append(name)
+        dirs[:] = keep
+        for name in files:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            if info.st_dev == device and (stat.S_ISLNK(info.st_mode) or info.st_nlink == 1):
+                give(path, info)
 
 
 def mount_spec(source: str, target: str, read_only: bool) -> str:
@@ -85,8 +173,14 @@ class ContainerRuntime:
         name = container_name(ctx, step.name)
         argv = [self.engine, "run", "--name", name, "--init"]
         argv += ["--label", f"draftscope.run={ctx.run_id}", "--label", f"draftscope.step={step.name}"]
-        argv += ["--user", f"{ctx.user[0]}:{ctx.user[1]}"]
+        uid, gid = container_user(ctx.user)
+        argv += ["--user", f"{uid}:{gid}"]
         argv += ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"]
+        argv += ["--read-only", *(a for spec in TMPFS for a in ("--tmpfs", spec))]
+        limits = step.limits
+        argv += ["--memory", limits.memory, "--memory-swap", limits.memory, "--pids-limit", str(limits.pids)]
+        if not step.ipc_host:
+            argv += ["--shm-size", limits.shm_size]
         if not step.network:
             argv += ["--network", "none"]
         if step.gpus:
@@ -106,7 +200,7 @@ class ContainerRuntime:
         env = {**HOME_ENV, **step.env, **ctx.extra_env}
         for key in sorted(env):
             argv += ["--env", f"{key}={env[key]}"]
-        for key in sorted({*step.env_passthrough, *ENV_ALLOW}):
+        for key in sorted({*step.env_passthrough, *step.credentials, *ENV_ALLOW}):
             if key in os.environ:
                 argv += ["--env", key]  # by name: the engine copies the value, which never enters this argv
         argv += ["--workdir", RUN_MOUNT if any(m.target == RUN_MOUNT for m in step.mounts) else "/tmp"]
@@ -137,7 +231,22 @@ class ContainerRuntime:
                         value=str(source),
                         fix="create it, or point the setting that names it at a writable place",
                     ) from None
-        log = log_path(ctx, step)
+        log = log_path(ctx, step)  # made first: a step may write its servers' logs under logs/ itself
+        user = container_user(ctx.user)
+        if user != ctx.user and _is_root():
+            for mount in (m for m in step.mounts if not m.read_only):
+                source = Path(self._source(mount, ctx))
+                try:
+                    hand_over(source, user)
+                except OSError as exc:
+                    raise UserError(
+                        f"a writable mount cannot be given to the container's user {user[0]}: "
+                        f"{exc.strerror or exc}",
+                        field=f"mount {mount.target}",
+                        value=str(source),
+                        fix="put the run directory (or cache) on a filesystem where root may change owners, "
+                        "or run the kit as an unprivileged user",
+                    ) from None
         started = time.monotonic()
         try:
             with log.open("ab") as out:
@@ -268,6 +377,11 @@ class RecordedImage(ContainerRuntime):
 
     def image_facts(self, image: str) -> dict[str, Any]:
         return dict(self.facts)
+
+
+def _is_root() -> bool:
+    geteuid = getattr(os, "geteuid", None)  # Windows has none
+    return geteuid is not None and geteuid() == 0
 
 
 def _image_missing(stderr: str) -> bool:

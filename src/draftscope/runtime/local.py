@@ -74,7 +74,13 @@ class LocalRuntime:
             for k, v in os.environ.items()
             if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "HOME", "PYTHONPATH")
         }
-        base.update({k: os.environ[k] for k in (*ENV_ALLOW, *step.env_passthrough) if k in os.environ})
+        base.update(
+            {
+                k: os.environ[k]
+                for k in (*ENV_ALLOW, *step.env_passthrough, *step.credentials)
+                if k in os.environ
+            }
+        )
         base.update({k: rewrite(v) for k, v in step.env.items()})
         base.update(ctx.extra_env)
         base["PYTHONUNBUFFERED"] = "1"

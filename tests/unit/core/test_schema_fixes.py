@@ -61,6 +61,7 @@ PATTERN_SAMPLES = {
     "^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$": "Org/Name",
     "^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$": "gpu",
     "^[0-9]+[KMGT]?$": "64G",
+    "^[1-9][0-9]{0,8}[kmg]$": "8g",
 }
 FORMAT_SAMPLES = {"date-time": "2026-01-31T12:00:00Z"}
 

@@ -76,8 +76,10 @@ def test_every_preset_and_draft_plans_all_eight_stages(preset, draft):
     assert [sp.stage.name for sp in plan.stages] == list(registry.NAMES)
     assert {sp.stage.name: sp.step.image for sp in plan.stages} == EXPECTED_IMAGES
     lines = planning.dry_run_lines(plan, get_runtime("docker"))
-    assert sum(line.startswith("docker run ") for line in lines) == len(EXPECTED_IMAGES)
     model = load_model_preset(preset)
+    fetches = model.source == "hub"  # the pinned target snapshot is fetched first, and shown
+    assert sum(line.startswith("docker run ") for line in lines) == len(EXPECTED_IMAGES) + fetches
+    assert any(line.startswith("# [fetch] ") for line in lines) == fetches
     ids = list(model.dflash.target_layer_ids)
     shifted = [str(i + 1) for i in ids]
     train = upstream(stage_plan(plan, "train").step.argv)

@@ -94,8 +94,9 @@ def test_the_dry_run_prints_the_toy_with_its_image_and_argv(toy, tmp_path, monke
     lines = out.splitlines()
     assert f"# [1/1] {NAME}: {SUMMARY}" in lines
     assert f"#   image {IMAGE}: {images.image_reference(IMAGE)}" in lines
+    stage = lines[lines.index(f"# [1/1] {NAME}: {SUMMARY}") :]  # the fetch step comes before it
     (container,) = [
-        line for line in lines if not line.startswith("#") and images.image_reference(IMAGE) in line
+        line for line in stage if not line.startswith("#") and images.image_reference(IMAGE) in line
     ]
     command = shlex.split(container)
     tail = command[command.index(images.image_reference(IMAGE)) + 1 :]

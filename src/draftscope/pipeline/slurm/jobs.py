@@ -31,7 +31,7 @@ from draftscope.execute.slurm import script
 from draftscope.execute.slurm.script import display
 from draftscope.pipeline import state
 from draftscope.pipeline.config import PipelineConfig, SlurmStageOptions
-from draftscope.pipeline.plan import PipelinePlan, StagePlan
+from draftscope.pipeline.plan import PipelinePlan, StagePlan, fetch_step
 from draftscope.pipeline.slurm import layout
 from draftscope.pipeline.slurm.shards import check_step
 from draftscope.runtime import Context, Runtime
@@ -205,15 +205,21 @@ def build(
     jobs: list[Job] = []
     previous: tuple[str, ...] = ()
     job = functools.partial(_job, plan, runtime)
-    if fetch:
+    if fetch and (step := fetch_step(plan)) is not None:
         top = stage_options(config, "fetch")
+        about = (
+            "download the pinned target snapshot into the hub cache (needs network)",
+            f"the only step given credentials, by name (values never recorded): {', '.join(step.credentials)}",
+            f"runs through the {runtime.name} runtime:",
+            "  " + display(runtime.argv(step, ctx)),
+        )
         jobs.append(
             job(
                 "fetch",
                 "fetch",
                 "fetch",
                 Resources(cpus_per_task=1, partition=top.partition, account=top.account, qos=top.qos),
-                about=("download the pinned target snapshot into the hub cache (needs network)",),
+                about=about,
             )
         )
         previous = ("fetch",)

@@ -27,6 +27,7 @@ from draftscope.execute.slurm import client, executor
 from draftscope.execute.slurm.executor import Printer
 from draftscope.execute.slurm.ledger import Ledger, Submitted
 from draftscope.execute.slurm.states import worst
+from draftscope.pipeline import plan as planning
 from draftscope.pipeline import runner, state
 from draftscope.pipeline.plan import PipelinePlan
 from draftscope.pipeline.runner import StageOutcome
@@ -155,5 +156,8 @@ def run(
 def dry_run_lines(plan: PipelinePlan, runtime: Runtime) -> list[str]:
     """Every job script and sbatch line of a submission of the whole selection (a real run leaves out the
     stages already complete). Pure: no file, no Slurm command."""
-    jp = jobs.build(plan, runtime, python=sys.executable, fetch=runner.fetch_step(plan) is not None)
-    return jobs.dry_run_lines(jp)
+    needed = runner.fetch_step(plan) is not None
+    jp = jobs.build(plan, runtime, python=sys.executable, fetch=needed)
+    planned = planning.fetch_step(plan) is not None
+    skipped = [("fetch", "the pinned target snapshot is in the hub cache")] if planned and not needed else []
+    return jobs.dry_run_lines(jp, skipped)
