@@ -54,7 +54,9 @@ def check_output_path(path: Path | str, flag: str, *, exists: bool = False) -> P
     path = Path(path)
     value = str(path)
     if "\0" in value:
-        raise UserError("a path cannot hold a NUL byte", field=flag, value=value, fix="give a path without it")
+        raise UserError(
+            "a path cannot hold a NUL byte", field=flag, value=value, fix="give a path without it"
+        )
     absolute = Path(os.path.abspath(path))
     here = _stat(absolute, flag, value, "the path")
     if here is not None and exists and not stat.S_ISDIR(here.st_mode):
