@@ -34,7 +34,7 @@ def slurm_flags(executor: str, **flags: str | None) -> dict[str, Any]:
 
 def experiment_config(
     *,
-    backend: str = "transformers",
+    backend: str | None = None,
     experiment: str | None = None,
     int4_dflash: bool = False,
     experimental_prefix: bool = False,
@@ -62,7 +62,9 @@ def experiment_config(
     """The experiment preset (`experiment`, else the backend's) with the options given laid over it, then the
     `key=value` overrides of `opts`; an option left out (None, False) keeps the preset's value."""
     # An unknown backend lists the valid ones; `--device` may pick the backend's preset for that device.
-    name = experiment or backends.get(backend).experiment_for(device)
+    # No --backend: the experiment preset's own (so `-e vllm-int4-dflash2` alone is the vLLM experiment), else
+    # the Transformers backend's preset.
+    name = experiment or backends.get(backend or "transformers").experiment_for(device)
     overrides: dict[str, Any] = {
         "backend": backend,
         "model_preset": preset,

@@ -101,7 +101,7 @@ def presets(c, show=None):
 )
 def benchmark(
     c,
-    backend="transformers",
+    backend=None,
     experiment=None,
     int4_dflash=False,
     experimental_prefix=False,

@@ -24,6 +24,16 @@ def test_options_lay_over_the_backends_experiment():
     assert options.experiment_config(backend="vllm").int4_dflash is True
 
 
+def test_an_experiment_without_backend_keeps_its_own_backend():
+    """`-e vllm-int4-dflash2` alone is that vLLM experiment (the option's default once replaced it with
+    transformers, and the preset's int4_dflash was then refused); a backend given contradicts it explicitly."""
+    config = options.experiment_config(experiment="vllm-int4-dflash2")
+    assert (config.backend, config.int4_dflash) == ("vllm", True)
+    assert options.experiment_config().backend == "transformers"
+    with pytest.raises(UserError, match="needs the vLLM backend"):
+        options.experiment_config(experiment="vllm-int4-dflash2", backend="transformers")
+
+
 @pytest.mark.parametrize(
     ("given", "message"),
     [
