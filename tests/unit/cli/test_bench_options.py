@@ -26,12 +26,15 @@ def test_options_lay_over_the_backends_experiment():
 
 def test_an_experiment_without_backend_keeps_its_own_backend():
     """`-e vllm-int4-dflash2` alone is that vLLM experiment (the option's default once replaced it with
-    transformers, and the preset's int4_dflash was then refused); a backend given contradicts it explicitly."""
+    transformers, and the preset's int4_dflash was then refused); a backend given is laid over it."""
     config = options.experiment_config(experiment="vllm-int4-dflash2")
     assert (config.backend, config.int4_dflash) == ("vllm", True)
     assert options.experiment_config().backend == "transformers"
-    with pytest.raises(UserError, match="needs the vLLM backend"):
-        options.experiment_config(experiment="vllm-int4-dflash2", backend="transformers")
+    # Given, it is laid over the preset like any option (the plan then refuses int4_dflash on transformers).
+    assert (
+        options.experiment_config(experiment="vllm-int4-dflash2", backend="transformers").backend
+        == "transformers"
+    )
 
 
 @pytest.mark.parametrize(
