@@ -213,15 +213,8 @@ def build(
             f"runs through the {runtime.name} runtime:",
             "  " + display(runtime.argv(step, ctx)),
         )
-        jobs.append(
-            job(
-                "fetch",
-                "fetch",
-                "fetch",
-                Resources(cpus_per_task=1, partition=top.partition, account=top.account, qos=top.qos),
-                about=about,
-            )
-        )
+        fetched_by = Resources(cpus_per_task=1, partition=top.partition, account=top.account, qos=top.qos)
+        jobs.append(job("fetch", "fetch", "fetch", fetched_by, about=about))
         previous = ("fetch",)
     for sp in plan.stages[start:]:
         name, kind = sp.stage.name, kind_of(sp)
