@@ -106,6 +106,9 @@ def validate_run(path: Path, *, final: bool = False) -> Report:
         except UnicodeDecodeError as exc:
             problems.append(f"not UTF-8 text (byte {exc.start})")
         report.add(RECORDS, "record", problems)
+    elif kind in SUMMARY_KINDS and (status == "completed" or (path / SUMMARY).exists()):
+        # The supervisor creates records.jsonl before its first step: a summarized run without it lost its records.
+        report.add(RECORDS, "record", ["missing: a run with a summary keeps its records.jsonl (even empty)"])
 
     if unreadable[SUMMARY]:
         report.add(SUMMARY, "summary", [unreadable[SUMMARY]])

@@ -302,3 +302,14 @@ def test_a_planted_run_gets_clean_verdicts(tmp_path, plant, file, phrase):
     assert not report.ok
     (verdict,) = [v for v in report.verdicts if v.file.startswith(file)]
     assert not verdict.ok and phrase in verdict.detail, verdict.line()
+
+
+def test_a_summarized_run_without_its_records_file_is_not_valid(tmp_path):
+    """A completed run whose records.jsonl was deleted (the summary still counts them) was called valid."""
+    from test_analysis_synthetic import make_run
+
+    run = make_run(tmp_path / "r", repeats=1)
+    (run / "records.jsonl").unlink()
+    report = validate_run(run)
+    assert not report.ok
+    assert "records.jsonl" in report.first_failure() and "missing" in report.first_failure()
