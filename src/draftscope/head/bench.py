@@ -88,7 +88,8 @@ def parse_list(
         try:
             number = kind(item)
         except (TypeError, ValueError):
-            raise UserError(f"not a {kind.__name__}", field=field, value=item) from None
+            what = "an integer" if kind is int else "a number"
+            raise UserError(f"expected {what} in the comma-separated list", field=field, value=item) from None
         if number < low or (high is not None and number > high):
             bound = f"between {low} and {high}" if high is not None else f"at least {low}"
             raise UserError(f"must be {bound}", field=field, value=item)
@@ -538,6 +539,13 @@ def main(
         )
     if out_path is not None:
         check_output_path(out_path, "--output")
+        if out_path.exists() or out_path.is_symlink():
+            raise UserError(
+                "already exists; head-bench reports are never overwritten",
+                field="--output",
+                value=str(output),
+                fix="choose a new file name",
+            )
     torch = _torch()
     if device == "cuda":
         if not torch.cuda.is_available():

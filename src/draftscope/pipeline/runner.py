@@ -122,7 +122,13 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
     used = {a.name for sp in plan.stages for a in sp.inputs}
     for name, path in ctx.inputs.items():
         if name in used and not path.is_file():
-            raise UserError("input file not found", field=name, value=str(path), fix="check the path")
+            found = path.exists() or path.is_symlink()
+            what = (
+                "not a regular file (a folder, a pipe, a device or a broken link)"
+                if found
+                else "input file not found"
+            )
+            raise UserError(what, field=name, value=str(path), fix="give the path of a regular file")
     check_inputs(plan)
     fetch = fetch_step(plan)
     runtime.check_images([sp.step.image for sp in plan.stages] + ([fetch.image] if fetch else []))

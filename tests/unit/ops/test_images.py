@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from invoke import Collection, Program
 
 from draftscope import __version__
@@ -765,3 +767,10 @@ def test_make_n_image_vllm_shows_the_build():
     argv = shlex.split(build[0])
     assert "BASE_IMAGE=vllm/vllm-openai:v0.33.0" in argv and "CUDA_ARCH=9.0" in argv
     assert any(a.startswith("org.opencontainers.image.revision=") for a in argv)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.text(min_size=1, max_size=40).filter(lambda s: any(c in s for c in " ;$`|&()<>'\"\\\n\t*?!{}")))
+def test_a_push_destination_with_any_shell_or_space_character_is_refused(destination):
+    with pytest.raises(UserError, match="--to"):
+        I.push_argv("transformers", "ghcr.io/me/" + destination, "docker", LOCK)

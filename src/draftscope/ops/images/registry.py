@@ -36,9 +36,25 @@ def pull_argv(name: str, engine: str, lock: Mapping[str, Any]) -> list[str]:
     return [check_engine(engine), "pull", f"{repo}@{entry['digest']}"]
 
 
+# The distribution reference grammar, as engines accept it: a registry host (with an optional port), lowercase path
+# components joined by '.', '_', '__' or dashes, an optional tag. Nothing else may reach the engine's argv.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DESTINATION = re.compile(
+    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)"
+    rf"{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+)
+
+
 def push_argv(name: str, destination: str, engine: str, lock: Mapping[str, Any]) -> list[list[str]]:
     """Tag the local image as `destination` (REGISTRY/REPO[:TAG]) and push it."""
     entry = lock_entry(name, lock)
+    if _DESTINATION.fullmatch(destination) is None:
+        raise UserError(
+            "not an image reference (a registry host, lowercase path components, an optional tag)",
+            field="--to",
+            value=destination,
+            fix="pass REGISTRY/NAMESPACE/REPO[:TAG], e.g. ghcr.io/me/draftscope-vllm",
+        )
     repo, tag, digest = split_reference(destination)
     if digest or "/" not in repo or repo.startswith("localhost/"):
         raise UserError(
