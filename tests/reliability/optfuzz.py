@@ -44,8 +44,9 @@ from draftscope.cli.program import DraftscopeProgram
 
 from support import ROOT
 
-BOUND_S = 10.0  # seconds one in-process case may take before it counts as a hang (they take milliseconds; CI runs
-# this tier beside the Slurm tier on two cores)
+# Seconds one in-process case may take before it counts as a hang: they take milliseconds; CI runs this tier beside
+# the Slurm tier on two cores.
+BOUND_S = 10.0
 CANARY = "CANARY"
 
 # --- what each option is -------------------------------------------------------------------------------------------

@@ -594,6 +594,397 @@ def planted_run(
         os.mkfifo(run / fifo)
 
 
+# --- every command (named) -----------------------------------------------------------------------------------------
+# At least a few named refusals for each command beside benchmark and pipeline: the shapes of bad input a user meets
+# there (a missing or wrong kind of path, a number out of range, an unknown name, a run directory that is not one).
+def _research_copy(tmp: Path) -> None:
+    shutil.copytree(ROOT / "research", tmp / "research")
+
+
+def _tampered_research(tmp: Path) -> None:
+    _research_copy(tmp)
+    claims = tmp / "research" / "claims.yaml"
+    claims.write_text(claims.read_text() + "\n# edited\n")
+
+
+def _manifest_as(text: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        planted_run(tmp)
+        (tmp / "run" / "manifest.json").write_text(text)
+
+    return setup
+
+
+def _manifest_loop(tmp: Path) -> None:
+    planted_run(tmp)
+    (tmp / "run" / "manifest.json").unlink()
+    (tmp / "run" / "manifest.json").symlink_to(tmp / "run" / "manifest.json")
+
+
+def _inputs_deleted(tmp: Path) -> None:
+    planted_run(tmp)
+    (tmp / "run" / "inputs" / "prompts.json").unlink()
+
+
+def _records_deleted(tmp: Path) -> None:
+    planted_run(tmp)
+    (tmp / "run" / "records.jsonl").unlink()
+
+
+def _fifo(name: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        os.mkfifo(tmp / name)
+
+    return setup
+
+
+def _full_folder(tmp: Path) -> None:
+    (tmp / "full").mkdir()
+    (tmp / "full" / "x").write_text("someone's work\n")
+
+
+def _two_runs(tmp: Path) -> None:
+    planted_run(tmp)
+    planted_run(tmp, "run2")
+
+
+def _killed_run(tmp: Path) -> None:
+    planted_run(tmp, killed=True)
+
+
+EVERY_COMMAND = [
+    # validate
+    Bad("validate-missing-run", ("validate", "{tmp}/nowhere"), "no such run directory"),
+    Bad("validate-a-file", ("validate", "{tmp}/f"), "no such run directory", {"f": "x"}),
+    Bad("validate-empty-folder", ("validate", "{tmp}/empty"), "failed validation"),
+    Bad("validate-manifest-a-list", ("validate", "{tmp}/run"), "failed validation", setup=_manifest_as("[]")),
+    Bad(
+        "validate-manifest-malformed", ("validate", "{tmp}/run"), "failed validation", setup=_manifest_as("{")
+    ),
+    Bad("validate-manifest-link-loop", ("validate", "{tmp}/run"), "failed validation", setup=_manifest_loop),
+    Bad(
+        "validate-records-fifo",
+        ("validate", "{tmp}/run"),
+        "failed validation",
+        setup=lambda t: planted_run(t, fifo="records.jsonl"),
+    ),
+    Bad("validate-inputs-deleted", ("validate", "{tmp}/run"), "failed validation", setup=_inputs_deleted),
+    Bad("validate-records-deleted", ("validate", "{tmp}/run"), "failed validation", setup=_records_deleted),
+    Bad(
+        "validate-manifest-links-out",
+        ("validate", "{tmp}/run"),
+        "failed validation",
+        setup=lambda t: planted_run(t, link_out="manifest.json"),
+    ),
+    # plan
+    Bad("plan-unknown-experiment", ("plan", "--experiment", "nosuch"), "no experiment preset named 'nosuch'"),
+    Bad("plan-prompts-missing", ("plan", "--prompts", "{tmp}/nowhere.json"), "not found"),
+    Bad("plan-prompts-malformed", ("plan", "--prompts", "{tmp}/p.json"), "not valid JSON", {"p.json": "{"}),
+    Bad("plan-prompts-fifo", ("plan", "--prompts", "{tmp}/fifo"), "named pipe", setup=_fifo("fifo")),
+    Bad("plan-prompts-directory", ("plan", "--prompts", "{tmp}/empty"), "empty"),
+    Bad("plan-opts-misspelled", ("plan", "--opts", "repets=2"), "repeats"),
+    Bad("plan-opts-without-equals", ("plan", "--opts", "repeats"), "key=value"),
+    Bad("plan-opts-negative-repeats", ("plan", "--opts", "repeats=-1"), "repeats"),
+    # presets
+    Bad("presets-unknown", ("presets", "--show", "nosuch"), "no experiment preset named 'nosuch'"),
+    Bad("presets-misspelled", ("presets", "--show", "tinyy"), "did you mean 'tiny-cpu'"),
+    Bad("presets-path-escape", ("presets", "--show", "../../etc/passwd"), "no experiment preset named"),
+    # head-bench
+    Bad("head-bench-unknown-device", ("head-bench", "--device", "tpu"), "unknown device"),
+    Bad("head-bench-hidden-zero", ("head-bench", "--hidden", "0"), "--hidden"),
+    Bad("head-bench-hidden-text", ("head-bench", "--hidden", "big"), "--hidden"),
+    Bad("head-bench-rows-text", ("head-bench", "--rows", "a,b"), "expected an integer"),
+    Bad("head-bench-vocab-negative", ("head-bench", "--vocab", "-5"), "must be at least"),
+    Bad("head-bench-fallback-above-one", ("head-bench", "--fallback", "1.5"), "between 0.0 and 1.0"),
+    Bad("head-bench-repeats-zero", ("head-bench", "--repeats", "0"), "--repeats"),
+    Bad("head-bench-output-exists", ("head-bench", "--output", "{tmp}/f"), "never overwritten", {"f": "x"}),
+    Bad("head-bench-cuda-without-gpu", ("head-bench", "--device", "cuda"), "CUDA is not available"),
+    # head-study
+    Bad("head-study-missing-run", ("head-study", "--run", "{tmp}/nowhere"), "not a run directory"),
+    Bad(
+        "head-study-run-without-capture",
+        ("head-study", "--run", "{tmp}/run"),
+        "no captured head calls",
+        setup=planted_run,
+    ),
+    Bad("head-study-k-negative", ("head-study", "--run", "{tmp}/run", "-k", "-1"), "-k", setup=planted_run),
+    Bad(
+        "head-study-group-size-text",
+        ("head-study", "--run", "{tmp}/run", "--group-size", "abc"),
+        "--group-size",
+        setup=planted_run,
+    ),
+    # bench-overhead
+    Bad("bench-overhead-tokens-zero", ("bench-overhead", "--tokens", "0"), "--tokens"),
+    Bad("bench-overhead-rounds-negative", ("bench-overhead", "--rounds", "-1"), "--rounds"),
+    Bad("bench-overhead-tokens-text", ("bench-overhead", "--tokens", "many"), "--tokens"),
+    # images
+    Bad(
+        "images-build-unknown-name",
+        ("images.build", "--name", "nosuch", "--dry-run"),
+        "no image named 'nosuch'",
+    ),
+    Bad(
+        "images-build-unknown-engine",
+        ("images.build", "--name", "transformers", "--engine", "lxc", "--dry-run"),
+        "unknown container engine",
+    ),
+    Bad(
+        "images-build-torch-wheel-escapes",
+        ("images.build", "--name", "transformers", "--torch-wheel", "../../etc/passwd", "--dry-run"),
+        "must lie in .wheels/",
+    ),
+    Bad(
+        "images-build-torch-wheel-missing",
+        ("images.build", "--name", "transformers", "--torch-wheel", "nosuch.whl", "--dry-run"),
+        "no wheel named nosuch.whl",
+    ),
+    Bad(
+        "images-build-cuda-arch-shell",
+        ("images.build", "--name", "vllm", "--cuda-arch", "9.0;touch {canary}", "--dry-run"),
+        "not a CUDA architecture",
+    ),
+    Bad(
+        "images-pull-unknown-name",
+        ("images.pull", "--name", "nosuch", "--dry-run"),
+        "no image named 'nosuch'",
+    ),
+    Bad(
+        "images-pull-unpublished",
+        ("images.pull", "--name", "transformers", "--dry-run"),
+        "no published digest",
+    ),
+    Bad(
+        "images-push-unknown-name",
+        ("images.push", "--name", "nosuch", "--to", "ghcr.io/me/x", "--dry-run"),
+        "no image named 'nosuch'",
+    ),
+    Bad(
+        "images-push-not-a-reference",
+        ("images.push", "--name", "transformers", "--to", "ghcr.io/me/x;touch {canary}", "--dry-run"),
+        "not an image reference",
+    ),
+    Bad(
+        "images-push-unknown-engine",
+        ("images.push", "--name", "transformers", "--to", "ghcr.io/me/x", "--engine", "lxc", "--dry-run"),
+        "unknown container engine",
+    ),
+    Bad("images-lock-unknown-tool", ("images.lock", "--tool", "curl", "--check"), "unknown resolver"),
+    Bad("images-list-unknown-engine", ("images.list", "--engine", "lxc"), "unknown container engine"),
+    # tiny.build
+    Bad(
+        "tiny-build-target-steps-zero",
+        ("tiny.build", "--target-steps", "0", "--output", "{tmp}/t"),
+        "--target-steps",
+    ),
+    Bad(
+        "tiny-build-draft-steps-text",
+        ("tiny.build", "--draft-steps", "few", "--output", "{tmp}/t"),
+        "--draft-steps",
+    ),
+    Bad(
+        "tiny-build-output-not-empty",
+        ("tiny.build", "--output", "{tmp}/full"),
+        "not empty",
+        setup=_full_folder,
+    ),
+    Bad(
+        "tiny-build-output-a-file",
+        ("tiny.build", "--output", "{tmp}/f"),
+        "exists and is not a folder",
+        {"f": "x"},
+    ),
+    # demo
+    Bad(
+        "demo-output-exists",
+        ("demo", "--output", "{tmp}/full", "--train-python", "{tmp}/python"),
+        "exists",
+        {"python": ""},
+        setup=lambda t: (t / "full" / "logs").mkdir(parents=True),
+    ),
+    Bad(
+        "demo-output-under-a-file",
+        ("demo", "--output", "{tmp}/f/demo", "--train-python", "{tmp}/python"),
+        "is a file",
+        {"f": "x", "python": ""},
+    ),
+    Bad(
+        "demo-train-python-missing",
+        ("demo", "--output", "{tmp}/d", "--train-python", "{tmp}/nowhere/python"),
+        "speculators",
+    ),
+    # reliability
+    Bad("reliability-seed-text", ("reliability", "--seed", "lucky"), "--seed"),
+    # evidence
+    Bad(
+        "evidence-verify-root-not-research",
+        ("evidence.verify", "--root", "{tmp}/empty"),
+        "not a research folder",
+    ),
+    Bad(
+        "evidence-verify-tampered",
+        ("evidence.verify", "--root", "{tmp}/research"),
+        "SHA-256 differs",
+        setup=_tampered_research,
+    ),
+    Bad(
+        "evidence-add-no-study",
+        ("evidence.add", "{tmp}/run", "--root", "{tmp}/research"),
+        "no study given",
+        setup=lambda t: (_research_copy(t), planted_run(t)),
+    ),
+    Bad(
+        "evidence-add-unknown-study",
+        ("evidence.add", "{tmp}/run", "--study", "nosuch", "--root", "{tmp}/research"),
+        "no study 'nosuch'",
+        setup=lambda t: (_research_copy(t), planted_run(t)),
+    ),
+    Bad(
+        "evidence-add-unfinished-run",
+        ("evidence.add", "{tmp}/run", "--study", "tiny-cpu-aa", "--root", "{tmp}/research"),
+        "still 'running'",
+        setup=lambda t: (_research_copy(t), _killed_run(t)),
+    ),
+    Bad(
+        "evidence-add-not-a-run",
+        ("evidence.add", "{tmp}/empty", "--study", "tiny-cpu-aa", "--root", "{tmp}/research"),
+        "neither a run directory",
+        setup=_research_copy,
+    ),
+    # recover
+    Bad("recover-missing-run", ("recover", "{tmp}/nowhere"), "not a run directory"),
+    Bad("recover-a-finished-run", ("recover", "{tmp}/run"), "already ended", setup=planted_run),
+    Bad(
+        "recover-lock-other-host",
+        ("recover", "{tmp}/run"),
+        "ran on host elsewhere",
+        setup=lambda t: planted_run(
+            t, killed=True, lock={"host": "elsewhere", "step": {"name": "b", "pgid": 4000000}}
+        ),
+    ),
+    # share
+    Bad(
+        "share-missing-run", ("share", "{tmp}/nowhere", "--output", "{tmp}/b.tar.gz"), "no such run directory"
+    ),
+    Bad(
+        "share-output-exists",
+        ("share", "{tmp}/run", "--output", "{tmp}/f"),
+        "already exists",
+        {"f": "x"},
+        setup=planted_run,
+    ),
+    Bad(
+        "share-records-fifo",
+        ("share", "{tmp}/run", "--output", "{tmp}/b.tar.gz"),
+        "named pipe",
+        setup=lambda t: planted_run(t, fifo="records.jsonl"),
+    ),
+    Bad(
+        "share-run-id-with-newline",
+        ("share", "{tmp}/run", "--output", "{tmp}/b.tar.gz"),
+        "is not a run id",
+        setup=lambda t: planted_run(t, manifest=lambda d: d.update(run_id="run\n")),
+    ),
+    # analyze
+    Bad("analyze-missing-run", ("analyze", "{tmp}/nowhere"), "not a run directory"),
+    Bad(
+        "analyze-manifest-a-list",
+        ("analyze", "{tmp}/run"),
+        "expected a JSON object",
+        setup=_manifest_as("[]"),
+    ),
+    Bad(
+        "analyze-records-link-out",
+        ("analyze", "{tmp}/run"),
+        "link pointing out",
+        setup=lambda t: planted_run(t, link_out="records.jsonl"),
+    ),
+    Bad(
+        "analyze-report-exists",
+        ("analyze", "{tmp}/run", "--report", "{tmp}/empty"),
+        "already exists",
+        setup=planted_run,
+    ),
+    # compare
+    Bad(
+        "compare-missing-candidate",
+        ("compare", "{tmp}/run", "{tmp}/nowhere", "--output", "{tmp}/c.json"),
+        "not a run directory",
+        setup=planted_run,
+    ),
+    Bad(
+        "compare-resamples-zero",
+        ("compare", "{tmp}/run", "{tmp}/run2", "--resamples", "0", "--output", "{tmp}/c.json"),
+        "must be at least 1",
+        setup=_two_runs,
+    ),
+    Bad(
+        "compare-threshold-text",
+        ("compare", "{tmp}/run", "{tmp}/run2", "--threshold", "lots", "--output", "{tmp}/c.json"),
+        "expected a percentage",
+        setup=_two_runs,
+    ),
+    Bad(
+        "compare-output-exists",
+        ("compare", "{tmp}/run", "{tmp}/run2", "--output", "{tmp}/f"),
+        "already exists",
+        {"f": "x"},
+        setup=_two_runs,
+    ),
+    # reproduce
+    Bad(
+        "reproduce-missing-run",
+        ("reproduce", "{tmp}/nowhere", "--output", "{tmp}/new"),
+        "not a run directory",
+    ),
+    Bad(
+        "reproduce-output-exists",
+        ("reproduce", "{tmp}/run", "--output", "{tmp}/empty"),
+        "already exists",
+        setup=planted_run,
+    ),
+    Bad(
+        "reproduce-prompts-deleted",
+        ("reproduce", "{tmp}/run", "--output", "{tmp}/new"),
+        "no copy of its prompt file",
+        setup=_inputs_deleted,
+    ),
+    Bad(
+        "reproduce-prompts-edited",
+        ("reproduce", "{tmp}/run", "--output", "{tmp}/new"),
+        "no longer has the hash",
+        setup=lambda t: (
+            planted_run(t),
+            (t / "run" / "inputs" / "prompts.json").write_text(
+                '{"schema_version": 1, "name": "x", "prompts": []}'
+            ),
+        ),
+    ),
+    # version / doctor take no values; benchmark's and pipeline's remaining options
+    Bad("benchmark-head-unknown", bench(head="dense2"), "'dense2' is not allowed"),
+    Bad("benchmark-capture-head-negative", bench(capture_head="-1"), "$.head.capture"),
+    Bad("benchmark-dtype-unknown", bench(dtype="float8"), "'float8' is not allowed"),
+    Bad("benchmark-executor-unknown", bench(executor="k8s"), "unknown executor 'k8s'"),
+    Bad("benchmark-partition-newline", bench(executor="slurm", partition="gpu\n"), "a Slurm partition"),
+    Bad("pipeline-executor-unknown", pipe("--executor", "k8s"), "unknown executor 'k8s'"),
+    Bad("pipeline-config-missing", pipe("--config", "{tmp}/nowhere.yaml"), "run config not found"),
+    Bad(
+        "pipeline-config-a-list",
+        pipe("--config", "{tmp}/c.yaml"),
+        "expected a mapping",
+        {"c.yaml": "- a\n- b\n"},
+    ),
+    Bad("pipeline-unknown-preset", pipe(preset="nosuch"), "no model preset named 'nosuch'"),
+    Bad(
+        "pipeline-chat-rows-fifo",
+        pipe("--opts", "data.chat={tmp}/fifo"),
+        "not a regular file",
+        setup=_fifo("fifo"),
+    ),
+]
+CASES += EVERY_COMMAND
+
+
 def snapshot(folder: Path, ignore: tuple[str, ...] = ()) -> dict[str, bytes | None]:
     return {
         rel: (p.read_bytes() if p.is_file() and p.stat().st_size < 2**20 else None)
