@@ -5,7 +5,7 @@ The suite (`tests/reliability/`, marker `reliability`) records every fault it in
 and every output it searches for planted secrets in a `Figures` tally; pytest writes the tally as JSON to the file
 named by `$DRAFTSCOPE_RELIABILITY_FIGURES`. `invoke reliability` runs the suite with a seed (kill points are drawn
 from it), prints the figures and fails when the suite fails or a bound is missed: at least 50 faults over the four
-step kinds, every one survived, no record lost, no torn line, at least 40 bad inputs each refused cleanly, and no
+step kinds, every one survived, no record lost, no torn line, at least 200 bad inputs each refused cleanly, and no
 secret in any output.
 
 Bad inputs come in two kinds, counted apart: the named corpus (each case written by hand, with the phrase its error
@@ -32,7 +32,7 @@ SEED_ENV = "DRAFTSCOPE_RELIABILITY_SEED"
 DEFAULT_SEED = 9
 STEP_KINDS = ("benchmark", "regen", "hsextract", "train")
 MIN_FAULTS = 50
-MIN_BAD_INPUTS = 40
+MIN_BAD_INPUTS = 200
 MIN_GENERATED = 500
 MIN_GENERATED_TASKS = 20
 GENERATED_OK = ("refused", "accepted")
