@@ -377,7 +377,8 @@ def test_dry_run_prints_all_stages_creates_nothing_imports_no_torch_and_is_fast(
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.count("docker run ") == 8
+    assert out.count("docker run ") == 9  # the eight stages and, before them, the fetch step (network on)
+    assert "# [fetch] the pinned target snapshot (runs first); network on" in out
     for stage, image in EXPECTED_IMAGES.items():
         assert f"] {stage}: " in out
         assert f"localhost/draftscope-{image}:" in out
