@@ -235,11 +235,11 @@ CASES = [
     Bad(
         "prompts-top-level-list",
         bench(prompts="{tmp}/p.json"),
-        "is not of type 'object'",
+        "expected a JSON object at the top level",
         {"p.json": "[1, 2]"},
     ),
     Bad("prompts-missing-file", bench(prompts="{tmp}/nowhere.json"), "prompt file not found"),
-    Bad("prompts-a-folder", bench(prompts="{tmp}"), "prompt file not found"),
+    Bad("prompts-a-folder", bench(prompts="{tmp}"), "is a directory, not a regular file"),
     # --- numbers ----------------------------------------------------------------------------------------------------
     Bad("repeats-negative", bench(repeats="-1"), "$.repeats"),
     Bad("repeats-zero", bench(repeats="0"), "$.repeats"),
