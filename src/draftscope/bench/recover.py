@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.bench.plan import Plan, plan_benchmark
+from draftscope.bench.stopping import group_alive
 from draftscope.bench.supervisor import finish
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
@@ -169,7 +170,7 @@ def _check_leftovers(run: Path, manifest: Mapping[str, Any], info: Mapping[str, 
             fix=(f"run `invoke recover` on {host}; " if host else "") + FORCE_FIX,
         )
     local = pgid is not None and host == socket.gethostname()
-    if local and not force and _alive(pgid) and not _belongs_to(pgid, run):
+    if local and not force and group_alive(pgid) and not _belongs_to(pgid, run):
         raise _not_this_runs(pgid, run)
 
 
@@ -236,7 +237,7 @@ def _engine(program: str | None, *args: str) -> subprocess.CompletedProcess | No
 
 
 def _stop_group(pgid: int, run: Path, *, force: bool, say: Printer, grace: float = 10.0) -> list[str]:
-    if not _alive(pgid):
+    if not group_alive(pgid):
         return []
     if not _belongs_to(pgid, run):
         if force:
@@ -246,33 +247,12 @@ def _stop_group(pgid: int, run: Path, *, force: bool, say: Printer, grace: float
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while _alive(pgid) and time.monotonic() < deadline:
+    while group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(pgid):
+    if group_alive(pgid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
     return [f"the step's process group {pgid} was stopped"]
-
-
-def _alive(pgid: int) -> bool:
-    """Some process of the group still runs. Zombies do not count: a step that received SIGTERM when its supervisor
-    died may linger as one where nobody reaps orphans (a container's init that does not)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rpartition(")")[2].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    return True
-    return False
 
 
 def _belongs_to(pgid: int, run: Path) -> bool:

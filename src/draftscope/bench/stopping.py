@@ -42,7 +42,9 @@ def stop_leftover_step(supervision: Supervision | None, grace: float) -> str | N
 
 
 def group_alive(pgid: int) -> bool:
-    """Some process of the group runs (zombies, which write nothing, do not count)."""
+    """Some process of the group still runs. Zombies do not count: they write nothing, and a step that received
+    SIGTERM when its supervisor died may linger as one where nobody reaps orphans (a container's init that does not).
+    `invoke recover` asks the same."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
