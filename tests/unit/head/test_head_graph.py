@@ -65,7 +65,7 @@ def test_captured_heads_match_the_eager_head(kind):
         h = torch.randn(rows, 256, device="cuda").to(torch.bfloat16)
         draft = torch.full((rows,), NO_DRAFT, dtype=torch.long, device="cuda")
         request = torch.zeros(rows, dtype=torch.long, device="cuda")
-        tokens, need = head(h, draft, request, 1)
+        tokens, need, _ = head(h, draft, request, 1)
         cert = certify(eager, h, draft, k=16)
         dense = (h @ w.T).argmax(dim=-1)
         if bool(need):
@@ -75,7 +75,7 @@ def test_captured_heads_match_the_eager_head(kind):
     # A forced fallback: a NaN row is never certified, so the dense head must have run inside the graph.
     h = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
     h[0, 0] = float("nan")
-    tokens, need = head(
+    tokens, need, _ = head(
         h, torch.tensor([5, NO_DRAFT], device="cuda"), torch.zeros(2, dtype=torch.long, device="cuda"), 1
     )
     assert bool(need) and torch.equal(tokens[1:], (h[1:] @ w.T).argmax(dim=-1))
