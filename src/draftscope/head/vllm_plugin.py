@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftscope.head import select, serving
+from draftscope.head import select, serving, vllm_v1
 from draftscope.head import vllm_switch as switch
 from draftscope.head.certify import NO_DRAFT, certify
 from draftscope.head.policy import prefix_decision, rowwise_decision
@@ -192,10 +192,11 @@ class Step:
     runner: Any
     batch: Any = None
     grammar: Any = None
+    v1: dict | None = None  # the V1 runner's step (vllm_v1): a holder for its spec-decode metadata
 
     @property
     def profile(self) -> bool:
-        return self.batch is None
+        return self.batch is None and self.v1 is None
 
 
 def install_runner_hooks() -> None:
@@ -409,10 +410,16 @@ class _Plugin:
         self.hooked = True
         vllm_config = _symbol("get_current_vllm_config")()
         if not vllm_config.use_v2_model_runner:
-            reason = V1_RUNNER
-            if not torch.cuda.is_available():
-                reason += " (vLLM's CPU engine 0.32 runs the V1 CPUModelRunner)"
-            self.stay_stock(reason)
+            if torch.cuda.is_available():
+                self.stay_stock(V1_RUNNER + " on CUDA (the V1 hooks serve vLLM's CPU engine)")
+                return
+            # vLLM's CPU engine 0.32 runs the V1 CPUModelRunner: its own two hooks (vllm_v1).
+            try:
+                vllm_v1.install_runner_hooks(vllm_v1.runner_class(), _STEP, lambda r, h: Step(r, v1=h))
+            except (ImportError, AttributeError) as exc:
+                self.stay_stock(f"{V1_RUNNER}, and its V1 hooks do not fit this vLLM: {exc}")
+                return
+            self.facts["runner"] = "v1"
             return
         install_runner_hooks()
 
@@ -459,8 +466,13 @@ class _Plugin:
             self.facts["device"] = asdict(device)
             impl = select.select(device, max_rows=settings.max_rows)
             self.facts["implementation"] = impl.record()
-            missing = head_missing(processor, lm_head, hidden, bias, cuda=device.cuda)
-            missing += runner_missing(runner)
+            v1 = self.facts.get("runner") == "v1"
+            try:
+                missing = head_missing(processor, lm_head, hidden, bias, cuda=device.cuda)
+                missing += vllm_v1.runner_missing(runner) if v1 else runner_missing(runner)
+            except AttributeError as exc:  # another vLLM than the one the names were checked against
+                self.stay_stock(f"this vLLM's head or runner lacks a name the plugin reads: {exc}")
+                return
             if not missing and settings.mode == "prefix":
                 vocab, width = int(processor.org_vocab_size), int(weight.shape[1])
                 groups = 1 if settings.group_size is None else max(1, width // settings.group_size)
@@ -549,8 +561,13 @@ class _Plugin:
             counters.add(calls=1, rows=rows, dense_calls=1, dense_calls_rowwise=1, dense_calls_prefix=1)
             return self._tick(out)
         runner, batch = step.runner, step.batch
-        why = ineligible_reasons(runner, batch, step.grammar)
-        plan = layout(batch, rows, hidden.device) if not why and rows <= self.settings.max_rows else None
+        if step.v1 is not None:
+            why = vllm_v1.ineligible_reasons(runner)
+            found = vllm_v1.layout(runner, step.v1, rows, hidden.device) if not why else None
+            plan = Layout(*found) if found is not None and rows <= self.settings.max_rows else None
+        else:
+            why = ineligible_reasons(runner, batch, step.grammar)
+            plan = layout(batch, rows, hidden.device) if not why and rows <= self.settings.max_rows else None
         if plan is None:
             if why:
                 for reason in why:

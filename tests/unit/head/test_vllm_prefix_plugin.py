@@ -353,7 +353,8 @@ def test_another_plugin_owning_the_processor_leaves_the_stock_one(monkeypatch, t
     assert fakes.registry[vllm_plugin.OOT_NAME].__name__ == "FlashHeadLogitsProcessor"
 
 
-def test_the_v1_runner_keeps_the_stock_engine(monkeypatch, tmp_path):
+def test_the_v1_runner_on_cuda_keeps_the_stock_engine(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     engine = Engine(monkeypatch, tmp_path, use_v2=False)
     assert engine.status()["state"] == "stock" and "V1 model runner" in engine.status()["reason"]
     assert not getattr(engine.fakes.Runner, "_draftscope_hooked", False)
