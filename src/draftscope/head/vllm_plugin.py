@@ -6,7 +6,8 @@ replacement of `LogitsProcessor` (`LogitsProcessor.register_oot`, i.e. `Pluggabl
 `LogitsProcessor(...)` builds ours). The replacement's first construction, inside the worker's model load,
 wraps three methods of the V2 runner (`GPUModelRunner.sample`, `._dummy_sampler_run`, `.shutdown`): the wrappers
 put the step's input batch and grammar output in a context variable, which is how draft tokens and the
-row → request map reach the head (the head itself only receives `(lm_head, hidden_states)`).
+row → request map reach the head (the head itself only receives `(lm_head, hidden_states)`). On a CPU whose vLLM runs
+the V1 runner (vLLM's CPU engine 0.32), `vllm_v1` wraps that runner instead and routes each step the same way.
 
 Then, on the target's head (the processor found inside `runner.model`; a draft model's copy stays stock):
 - first call (normally the profiling run, so that vLLM's memory profile counts the copy): check the
