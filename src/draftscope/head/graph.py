@@ -173,6 +173,15 @@ class _CapturedHead(abc.ABC):
         self.graphs[size] = g
         return g
 
+    def capture_all(self, max_rows: int) -> list[int]:
+        """Capture every bucket up to the one holding `max_rows` rows now (an engine's start-up, where its memory
+        profile sees the graphs' pool), not on a step's first use; returns the bucket sizes."""
+        sizes = [size for size in BUCKETS if size <= bucket_for(max_rows)]
+        for size in sizes:
+            if size not in self.graphs:
+                self.capture(size)
+        return sizes
+
     def _dense_eager(self, g: _Graph) -> None:
         g.tokens.copy_((g.hidden @ self.weight.T).argmax(dim=-1))
 

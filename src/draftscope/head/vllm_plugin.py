@@ -533,9 +533,16 @@ class _Plugin:
                         settings.max_rows + 1, dtype=torch.int64, device=hidden.device
                     )
                     if impl.graph:
+                        captured = time.perf_counter()
                         self.graph_head = _graph_head(
                             self.head, impl, settings, self.counters, self.trigger_positions
                         )
+                        with serving.reference_contract(hidden):
+                            buckets = self.graph_head.capture_all(settings.max_rows)
+                        self.facts["graph"] = {
+                            "buckets": buckets,
+                            "capture_seconds": round(time.perf_counter() - captured, 6),
+                        }
             self.state = "active"
             logger.warning(
                 "draftscope prefix head active (mode %s): %s", settings.mode, self.facts.get("memory")

@@ -125,6 +125,7 @@ PLUGIN_UNDER_THE_INTERPRETER = textwrap.dedent(
                 "startup_disagreements": status["startup_check"]["disagreements"],
                 "steps": steps, "counters": plugin.counters.read(),
                 "replays": getattr(plugin.graph_head, "replays", None),
+                "graph": status.get("graph"),
             }
     print(json.dumps(out))
     """
@@ -155,3 +156,4 @@ def test_the_plugin_runs_the_selected_triton_stages_under_the_interpreter():
         assert counters["calls"] == 2 and counters["rows"] == 7 and counters["dense_calls"] == 1
         assert counters["uncertified_relevant"] == 1 and counters["uncertified_irrelevant"] == 1
     assert runs["True"]["replays"] == 2 and runs["False"]["replays"] is None
+    assert runs["True"]["graph"]["buckets"] == [1, 2, 4, 8] and runs["False"]["graph"] is None
