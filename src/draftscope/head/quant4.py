@@ -37,9 +37,7 @@ def int4_group_size(hidden: int, requested: int | None = None) -> int:
     else the largest divisor of `hidden` below 128 (the kit's tiny target has hidden size 192: groups of 96)."""
     if requested is not None:
         if requested <= 0 or hidden % requested:
-            raise ValueError(
-                f"INT4 group size {requested} does not divide the hidden size {hidden}: choose a divisor"
-            )
+            raise ValueError(f"INT4 group size {requested} does not divide the hidden size {hidden}")
         return int(requested)
     return max(g for g in range(1, min(INT4_GROUP, hidden) + 1) if hidden % g == 0)
 
