@@ -86,6 +86,12 @@ def test_capture_then_head_study(tmp_path):
         study["certified"] + study["uncertified_relevant"] + study["uncertified_irrelevant"] == study["rows"]
     )
     assert (tmp_path / "study" / "fallbacks.png").stat().st_size > 1000
+    # The INT8 and INT4 coarse tiers side by side on the same calls (INT4: groups of 96 on hidden size 192).
+    assert "coarse tiers side by side" in result.stdout and "INT4 (group 96)" in result.stdout
+    tiers = {t["tier"]: t for t in study["tiers"]}
+    assert list(tiers) == ["int8", "int4"] and tiers["int4"]["group_size"] == 96
+    assert tiers["int8"]["certified"] == study["certified"] and tiers["int4"]["disagreements"] == 0
+    assert tiers["int4"]["coarse_bytes"] < tiers["int8"]["coarse_bytes"] < tiers["int8"]["dense_bytes"]
     again = run_invoke("head-study", str(run), "--output", str(tmp_path / "study"))
     assert again.returncode == 2 and "never overwritten" in again.stderr
 

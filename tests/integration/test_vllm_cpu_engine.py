@@ -4,8 +4,8 @@
 
 Run in the CPU engine environment (`make test-vllm`: `.venv-train/bin/python -m pytest -m vllm`). Each CLI run
 loads one engine (~1 min on two cores), so the module makes two: a plain run, and one run that is both speculative
-(the tiny draft through `draft_model`) and `--experimental-prefix` (the plugin loads, records why it stays off, and
-changes no token). Three prompts, 32 new tokens, one repeat.
+(the tiny draft through `draft_model`) and `--experimental-prefix` (the plugin runs the certified head's CPU path
+in the V1 CPU runner and changes no token). Three prompts, 32 new tokens, one repeat.
 """
 
 from __future__ import annotations
@@ -103,6 +103,24 @@ def test_every_engine_argument_exists_in_the_installed_cpu_engine(vllm):
     assert set(args["speculative_config"]) <= {f.name for f in dataclasses.fields(SpeculativeConfig)}
 
 
+def test_the_v1_names_the_prefix_plugin_reads_exist_in_the_installed_cpu_engine(vllm):
+    import inspect
+
+    from vllm.v1.sample.logits_processor import builtin
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    from draftscope.head import vllm_v1
+
+    runner = vllm_v1.runner_class()
+    for name, params in vllm_v1.V1_HOOKS.items():
+        assert tuple(inspect.signature(getattr(runner, name)).parameters) == params, name
+    assert set(vllm_v1.V1_ATTRS["sampling_params"]) <= set(vllm.SamplingParams.__struct_fields__)
+    assert all(hasattr(builtin, name) for name in vllm_v1.BUILTIN_PROCESSORS)
+    assert set(vllm_v1.V1_ATTRS["spec_metadata"]) <= {f.name for f in dataclasses.fields(SpecDecodeMetadata)}
+    assert set(vllm_v1.V1_ATTRS["request"]) <= {f.name for f in dataclasses.fields(CachedRequestState)}
+
+
 # --- plain ----------------------------------------------------------------------------------------------------
 
 
@@ -160,14 +178,33 @@ def test_speculative_and_prefix_tokens_equal_the_plain_runs(plain, speculative):
     assert spec == base
 
 
-def test_the_prefix_plugin_loads_in_the_cpu_engine_and_records_why_it_stays_off(speculative):
+def test_the_prefix_plugin_runs_the_cpu_path_in_the_cpu_engine(speculative):
     m = manifest(speculative)
     status = m["software"]["prefix_head"]
-    print(json.dumps({k: status.get(k) for k in ("state", "reason", "mode", "final", "counters")}))
+    keys = (
+        "state",
+        "reason",
+        "mode",
+        "runner",
+        "implementation",
+        "startup_check",
+        "final",
+        "counters",
+        "routing",
+    )
+    print(json.dumps({k: status.get(k) for k in keys}))
     assert status["kind"] == "draftscope.prefix_head"  # written by the plugin inside vLLM's worker: it loaded
-    assert status["state"] == "stock" and status["mode"] == "prefix"
-    assert "no CUDA device" in status["reason"]
-    assert status["counters"] is None and status["routing"]["steps"] == 0
+    assert status["state"] == "active" and status["mode"] == "prefix", status["reason"]
+    assert status["runner"] == "v1"  # vLLM's CPU engine 0.32 runs the V1 CPUModelRunner
+    impl = status["implementation"]
+    assert impl["name"] == "cpu" and impl["graph"] is False and "no CUDA device" in impl["reason"]
+    assert status["startup_check"]["disagreements"] == 0
+    counters = status["counters"]
+    assert (
+        counters["calls"] > 0
+        and counters["certified"] > 0
+        and status["routing"]["steps"] >= counters["calls"]
+    )
     assert m["software"]["backend"]["experimental_prefix"] is True
 
 

@@ -85,6 +85,7 @@ KINDS: dict[str, str] = {
             "repeats",
             "k",
             "group_size",
+            "int4_group_size",
             "max_seconds",
             "warmups",
             "memory_fraction",

@@ -54,18 +54,21 @@ def head_bench(
         "run": "a benchmark run directory made with --capture-head N",
         "k": "candidates refined per row beyond the top 2 (default 64)",
         "group_size": "INT8 scale group size (default: one scale per row)",
+        "int4_group_size": "INT4 tier group size (default 128, or the largest divisor of the hidden size below it)",
         "output": "folder to create for study.json and the figures (default runs/head-study-<run>)",
     },
 )
-def head_study(c, run, k=64, group_size=None, output=None):
+def head_study(c, run, k=64, group_size=None, int4_group_size=None, output=None):
     """Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
-    certified and uncertified rows, margins, the K that would have sufficed, ties; schema-valid JSON."""
+    certified and uncertified rows, margins, the K that would have sufficed, ties; the INT8 and INT4 coarse tiers
+    side by side; schema-valid JSON."""
     # lazy: head.study brings the tiny models' package (for the kit's head); the command line starts without it
     from draftscope.head import study
 
     k = parse_int(k, "-k", 0, 1 << 20)
     size = parse_int(group_size, "--group-size", 1, 1 << 20) if group_size else None
-    study.main(run, k=k, group_size=size, output=output, show=console().print)
+    size4 = parse_int(int4_group_size, "--int4-group-size", 1, 1 << 20) if int4_group_size else None
+    study.main(run, k=k, group_size=size, int4_group_size=size4, output=output, show=console().print)
 
 
 HEAD_TASKS = [head_bench, head_study]

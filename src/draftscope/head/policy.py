@@ -45,7 +45,8 @@ def prefix_decision(
     start = _request_starts(request, requests)
     blocked = (~goes_on).to(torch.int64)
     before = torch.cumsum(blocked, 0) - blocked  # blocked rows before i, over the whole batch
-    at_start = before[start][request]
+    # A request without rows (a graph bucket's padding request when no row pads) starts at n: read a zero there.
+    at_start = torch.cat([before, before.new_zeros(1)])[start][request]
     relevant = (before - at_start) == 0
     uncertified_relevant = relevant & ~certified
     request_uncertain = torch.zeros(requests, dtype=torch.bool, device=certified.device)

@@ -68,8 +68,10 @@ class QuantizedHead:
         *,
         chunk_rows: int = 4096,
         progress: Callable[[int, int], None] | None = None,
+        qmax: int = QMAX,
     ) -> QuantizedHead:
         """Quantize `weight [V, D]`; `group_size` None (or D) means one scale per row; D must be a multiple of it.
+        `qmax`: the symmetric integer range [−qmax, qmax] (127 for INT8; `quant4` builds the INT4 tier with 7).
         Rows are independent, so the work goes `chunk_rows` rows at a time through one reused float64 buffer (the
         whole head in float64 would be ~10 GB at V = 248320, D = 5120); the result does not depend on the chunk."""
         if weight.dim() != 2:
@@ -78,6 +80,8 @@ class QuantizedHead:
         g = hidden if group_size in (None, 0) else int(group_size)
         if g <= 0 or hidden % g:
             raise ValueError(f"group_size {g} does not divide the hidden size {hidden}")
+        if not 1 <= qmax <= QMAX:
+            raise ValueError(f"qmax {qmax} is outside [1, {QMAX}]: the integers must fit int8")
         groups = hidden // g
         dev = weight.device
         q = torch.empty(vocab, hidden, dtype=torch.int8, device=dev)
@@ -95,13 +99,13 @@ class QuantizedHead:
                 raise ValueError("the head weight has non-finite values; no bound holds")
             t = buf[:rows]
             amax = w.abs().amax(dim=2).to(torch.float64)  # exact in the weight's own dtype
-            scales = (amax / QMAX).to(torch.float32)
+            scales = (amax / qmax).to(torch.float32)
             scales = torch.where(
                 scales > 0, scales, torch.ones_like(scales)
             )  # an all-zero group: q = 0, exact
             s64 = scales.to(torch.float64)[:, :, None]
             torch.div(w, s64, out=t)  # w / scale in float64 (the weight converts exactly)
-            t.round_().clamp_(-QMAX, QMAX)
+            t.round_().clamp_(-qmax, qmax)
             q8 = t.to(torch.int8)
             q_absmax = q8.abs().amax(dim=2).to(torch.float64)
             t.mul_(s64)  # q · scale is exact in float64 (8 + 24 bits)

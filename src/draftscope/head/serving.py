@@ -160,11 +160,17 @@ def startup_check(
     rows: int,
     k: int,
     out_dtype: torch.dtype,
+    stages: Any = None,
 ) -> dict[str, Any]:
-    """Certified vs the model's own dense head on synthetic rows; `disagreements` must be 0."""
+    """Certified vs the model's own dense head on synthetic rows; `disagreements` must be 0. `stages`: the
+    implementation's `select.Stages` (the chunked reference coarse pass when None)."""
     started = time.perf_counter()
     hidden, draft = startup_rows(head.weight, rows)
-    cert = certify(head, hidden, draft, k=k, out_dtype=out_dtype, bounds=coarse_in_chunks(head, hidden))
+    if stages is not None:
+        extra = stages.certify_kwargs(head, hidden)
+    else:
+        extra = {"bounds": coarse_in_chunks(head, hidden)}
+    cert = certify(head, hidden, draft, k=k, out_dtype=out_dtype, **extra)
     dense_tokens = dense(hidden).argmax(dim=-1)
     wrong = cert.certified & (cert.tokens != dense_tokens)
     return {

@@ -81,21 +81,28 @@ def _hub_head_weight(config: dict[str, Any], preset: Any) -> Any:
     )
 
 
-def study(run_dir: Path, *, k: int = 64, group_size: int | None = None, weight: Any = None) -> dict[str, Any]:
+COUNTS = (
+    "calls",
+    "rows",
+    "certified",
+    "uncertified_relevant",
+    "uncertified_irrelevant",
+    "fallback_rowwise",
+    "fallback_prefix",
+    "ties",
+    "disagreements",
+)
+
+
+def replay(head: Any, calls: list[dict[str, Any]], dtype: Any, k: int) -> dict[str, Any]:
+    """Every captured call through `certify` with one coarse tier (`head`): counts, trigger rows, margins."""
     # lazy: torch, so the command line imports this module without it
     import torch
 
-    from draftscope.head.capture import read_capture
     from draftscope.head.certify import NO_DRAFT, certify
-    from draftscope.head.exact import output_dtype
     from draftscope.head.policy import prefix_decision, rowwise_decision
-    from draftscope.head.quant import QuantizedHead
 
-    index, calls = read_capture(run_dir)
-    weight = weight if weight is not None else head_weight(run_dir)
-    dtype = output_dtype(index["dtype"])
-    head = QuantizedHead.build(weight.to(dtype), group_size)
-    counts = Counter()
+    counts: Counter[str] = Counter()
     trigger_rows: Counter[int] = Counter()
     tail, margin, needed = [], [], []
     for call in calls:
@@ -121,7 +128,63 @@ def study(run_dir: Path, *, k: int = 64, group_size: int | None = None, weight: 
         tail += [float(v) for v in cert.tail_margin[finite]]
         margin += [float(v) for v in cert.head_margin[finite & certified]]
         needed += [int(v) for v in cert.k_needed[finite]]
-    rows = max(1, counts["rows"])
+    return {
+        **{name: counts[name] for name in COUNTS},
+        "certified_fraction": counts["certified"] / max(1, counts["rows"]),
+        "trigger_rows": {str(r): n for r, n in sorted(trigger_rows.items())},
+        "tail_margin": quantiles(tail),
+        "head_margin": quantiles(margin),
+        "k_needed": quantiles([float(v) for v in needed]),
+    }
+
+
+def tier(name: str, bits: int, head: Any, replayed: dict[str, Any]) -> dict[str, Any]:
+    """One coarse tier's line of the side-by-side comparison."""
+    # lazy: torch (through quant4), so the command line imports this module without it
+    from draftscope.head.quant4 import coarse_bytes
+
+    keys = ("certified", "certified_fraction", "uncertified_relevant", "fallback_rowwise", "fallback_prefix")
+    keys += ("disagreements", "tail_margin", "head_margin", "k_needed")
+    return {
+        "tier": name,
+        "bits": bits,
+        "group_size": head.group_size,
+        "coarse_bytes": coarse_bytes(head, bits),
+        "dense_bytes": head.vocab * head.hidden * head.weight.element_size(),
+        **{key: replayed[key] for key in keys},
+    }
+
+
+def study(
+    run_dir: Path,
+    *,
+    k: int = 64,
+    group_size: int | None = None,
+    int4_group_size: int | None = None,
+    weight: Any = None,
+) -> dict[str, Any]:
+    """The INT8 tier's replay (top-level fields) and both tiers side by side (`tiers`: INT8, INT4)."""
+    # lazy: torch, so the command line imports this module without it
+    from draftscope.head.capture import read_capture
+    from draftscope.head.exact import output_dtype
+    from draftscope.head.quant import QuantizedHead
+    from draftscope.head.quant4 import build_int4
+
+    index, calls = read_capture(run_dir)
+    weight = weight if weight is not None else head_weight(run_dir)
+    dtype = output_dtype(index["dtype"])
+    head = QuantizedHead.build(weight.to(dtype), group_size)
+    try:
+        head4 = build_int4(weight.to(dtype), int4_group_size)
+    except ValueError as exc:
+        raise UserError(
+            str(exc),
+            field="--int4-group-size",
+            value=int4_group_size,
+            fix="give a divisor of the hidden size",
+        ) from None
+    result = replay(head, calls, dtype, k)
+    result4 = replay(head4, calls, dtype, k)
     return {
         "schema_version": 1,
         "run": str(run_dir),
@@ -130,25 +193,8 @@ def study(run_dir: Path, *, k: int = 64, group_size: int | None = None, weight: 
         "dtype": index["dtype"],
         "vocab": head.vocab,
         "hidden_size": head.hidden,
-        **{
-            name: counts[name]
-            for name in (
-                "calls",
-                "rows",
-                "certified",
-                "uncertified_relevant",
-                "uncertified_irrelevant",
-                "fallback_rowwise",
-                "fallback_prefix",
-                "ties",
-                "disagreements",
-            )
-        },
-        "certified_fraction": counts["certified"] / rows,
-        "trigger_rows": {str(r): n for r, n in sorted(trigger_rows.items())},
-        "tail_margin": quantiles(tail),
-        "head_margin": quantiles(margin),
-        "k_needed": quantiles([float(v) for v in needed]),
+        **result,
+        "tiers": [tier("int8", 8, head, result), tier("int4", 4, head4, result4)],
     }
 
 
@@ -191,6 +237,42 @@ def table(result: dict[str, Any]) -> Any:
     return out
 
 
+def _q(stats: dict[str, float] | None, key: str, fmt: str = ".4g") -> str:
+    return "-" if not stats else format(stats[key], fmt)
+
+
+def tiers_table(result: dict[str, Any]) -> Any:
+    """The coarse tiers side by side: bytes read, rows certified, fallbacks, K needed, margins."""
+    tiers = result["tiers"]
+    out = Table(title=f"coarse tiers side by side (K={result['k']}, {result['rows']} rows)")
+    out.add_column("measure")
+    for t in tiers:
+        out.add_column(f"{t['tier'].upper()} (group {t['group_size']})", justify="right")
+    lines = [
+        ("coarse bytes / dense bytes", lambda t: f"{t['coarse_bytes'] / t['dense_bytes']:.3f}"),
+        ("rows certified", lambda t: f"{t['certified']} ({t['certified_fraction']:.1%})"),
+        ("rows uncertified, relevant", lambda t: str(t["uncertified_relevant"])),
+        ("dense fallbacks, row-wise rule", lambda t: str(t["fallback_rowwise"])),
+        ("dense fallbacks, prefix rule", lambda t: str(t["fallback_prefix"])),
+        (
+            "K needed (median / p90 / max)",
+            lambda t: "/".join(_q(t["k_needed"], p, ".0f") for p in ("median", "p90", "max")),
+        ),
+        (
+            "tail margin (p10 / median)",
+            lambda t: f"{_q(t['tail_margin'], 'p10')} / {_q(t['tail_margin'], 'median')}",
+        ),
+        (
+            "head margin (p10 / median)",
+            lambda t: f"{_q(t['head_margin'], 'p10')} / {_q(t['head_margin'], 'median')}",
+        ),
+        ("disagreements with the dense head (must be 0)", lambda t: str(t["disagreements"])),
+    ]
+    for name, cell in lines:
+        out.add_row(name, *(cell(t) for t in tiers))
+    return out
+
+
 def figures(result: dict[str, Any], calls_margins: dict[str, list[float]] | None, folder: Path) -> list[Path]:
     # lazy: matplotlib (pyplot once the Agg backend is chosen), only when the figures are drawn
     import matplotlib
@@ -229,13 +311,14 @@ def main(
     k: int,
     group_size: int | None,
     output: str | None,
+    int4_group_size: int | None = None,
     show: Callable[[Any], None] = lambda *_: None,
 ) -> tuple[dict[str, Any], Path]:
     """Replay a run's captures; `show` is the caller's printer (the head prints nothing itself)."""
     run_dir = Path(run)
     if not (run_dir / "manifest.json").is_file():
         raise UserError("not a run directory (no manifest.json)", field="RUN", value=run)
-    result = study(run_dir, k=k, group_size=group_size)
+    result = study(run_dir, k=k, group_size=group_size, int4_group_size=int4_group_size)
     check(result, SCHEMA, "head study")
     folder = Path(output) if output else Path("runs") / f"head-study-{run_dir.name}"
     check_output_path(folder, "--output")
@@ -251,5 +334,6 @@ def main(
     atomic_write_json(folder / "study.json", result)
     pngs = figures(result, None, folder)
     show(table(result))
+    show(tiers_table(result))
     show(f"study: {folder / 'study.json'} and {len(pngs)} figure(s)")
     return result, folder

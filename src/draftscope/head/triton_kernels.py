@@ -305,10 +305,13 @@ def topk_keys(upper: Any, kp: int, block: int = TOPK_BLOCK) -> Any:
     return keys
 
 
-def topk_triton(upper: Any, k: int, *, block: int = TOPK_BLOCK) -> tuple[Any, Any]:
+def topk_triton(upper: Any, k: int, *, block: int = TOPK_BLOCK, repair: bool = True) -> tuple[Any, Any]:
     """`(values, indices)` of the `k` largest entries per row of `upper [N, V]`, sorted descending with ties to
     the lowest index: the same as `torch.topk(upper, k, dim=1)` up to the order of ties. `block`: keys per
-    program (a power of two; each program keeps the top KP = next power of two above k)."""
+    program (a power of two; each program keeps the top KP = next power of two above k). `repair=False` (inside
+    a captured graph: no host sync) skips the re-sort of rows with too many fp32 ties at the boundary; their
+    indices are then k distinct large entries, not necessarily the top k — `certify` stays exact with any
+    candidate set (its tail bound is the maximum over every non-candidate), it may only certify less."""
     n, v = upper.shape
     if not 0 < k <= v:
         raise ValueError(f"top-k needs 0 < k ≤ {v}, got k={k}")
@@ -334,7 +337,7 @@ def topk_triton(upper: Any, k: int, *, block: int = TOPK_BLOCK) -> tuple[Any, An
     ids = by_idx.values.gather(1, by_val.indices)[:, :k]
     values = by_val.values[:, :k]
     # (On CUDA this reads the `exact` flags on the host: one synchronization per call.)
-    for r in (~exact).nonzero().flatten().tolist():
+    for r in (~exact).nonzero().flatten().tolist() if repair else ():
         # More fp32 ties at the boundary than survivors to spare: a stable full sort of the row, lowest index first.
         full = torch.sort(upper[r], descending=True, stable=True)
         ids[r] = full.indices[:k]

@@ -6,23 +6,30 @@ replacement of `LogitsProcessor` (`LogitsProcessor.register_oot`, i.e. `Pluggabl
 `LogitsProcessor(...)` builds ours). The replacement's first construction, inside the worker's model load,
 wraps three methods of the V2 runner (`GPUModelRunner.sample`, `._dummy_sampler_run`, `.shutdown`): the wrappers
 put the step's input batch and grammar output in a context variable, which is how draft tokens and the
-row → request map reach the head (the head itself only receives `(lm_head, hidden_states)`).
+row → request map reach the head (the head itself only receives `(lm_head, hidden_states)`). On a CPU whose vLLM runs
+the V1 runner (vLLM's CPU engine 0.32), `vllm_v1` wraps that runner instead and routes each step the same way.
 
 Then, on the target's head (the processor found inside `runner.model`; a draft model's copy stays stock):
 - first call (normally the profiling run, so that vLLM's memory profile counts the copy): check the
-  prerequisites, build the INT8 head in vocabulary chunks and run the startup check (certified vs dense on
-  synthetic rows: any disagreement refuses activation) — engine-independent pieces live in `serving`. A missing prerequisite leaves the stock head with the reason in the
-  status file; CUDA errors are re-raised (the run stops).
+  prerequisites, choose the implementation for the device (`select.select`: on CUDA the Triton kernels inside one
+  captured conditional graph per row bucket, else the eager kernels or the reference, each with the reason the
+  graph was not chosen; on a CPU the CPU coarse pass `select.coarse_impl`), build the INT8 head in vocabulary
+  chunks and run the startup check with the chosen stages (certified vs dense on synthetic rows: any
+  disagreement refuses activation) — engine-independent pieces live in `serving`. A missing prerequisite leaves
+  the stock head with the reason in the status file; CUDA errors are re-raised (the run stops).
 - each sampling step: requests that are not plain greedy (temperature ≠ 0, penalties / bias / bad words /
   min_tokens / allowed ids / thinking budget / custom processors, logprobs, structured output) make the whole step
   dense, as do steps with more than `max_rows` rows. Otherwise every row is certified, the prefix rule decides,
   and the head returns either the dense logits (the same op as stock, under the reference contract) or
   argmax-equivalent logits: 0 at the certified token, −inf elsewhere. vLLM's greedy sampler and greedy rejection
   kernels take a plain (block-wise, lowest-index) argmax of those rows, so they pick exactly the certified token;
-  rows after the first rejection are never read. Deciding between the two costs one host sync per step (the
-  device-side branch is separate work).
-- counters stay on the device (`runtime.HeadCounters`), are read every `read_every` steps and at shutdown, and
-  go to the status file with the memory the INT8 copy added.
+  rows after the first rejection are never read. On `cuda-graph` the decision stays on the device: one replay
+  certifies, runs the dense head in the IF node when the prefix rule asks for it, and the head returns
+  argmax-equivalent logits of the resulting tokens (no host sync). The eager implementations decide on the host
+  (one sync per step) and hand vLLM's own dense logits over on a fallback.
+- counters stay on the device (`runtime.HeadCounters`; the graph adds to them itself), are read every
+  `read_every` steps and at shutdown, and go to the status file with the memory the INT8 copy added and the
+  implementation chosen (`implementation`: name, coarse pass, graph, reason).
 
 Every vLLM name used is listed below and checked against the pinned release by
 `tests/contract/test_vllm_prefix_plugin_names.py`; `tests/unit/head/test_vllm_prefix_plugin.py` runs this module against fakes
@@ -50,7 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftscope.head import serving
+from draftscope.head import select, serving, vllm_v1
 from draftscope.head import vllm_switch as switch
 from draftscope.head.certify import NO_DRAFT, certify
 from draftscope.head.policy import prefix_decision, rowwise_decision
@@ -90,10 +97,7 @@ SAMPLER_CLASSES = {  # the stock samplers the eligibility rules and the greedy a
     "Sampler": "vllm.v1.worker.gpu.sample.sampler",
     "RejectionSampler": "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
 }
-NO_CUDA = (
-    "no CUDA device in this engine process (vLLM's CPU engine?): the certified head's INT8 copy and its startup "
-    "check need an NVIDIA GPU"
-)
+V1_RUNNER = "the V1 model runner is in use; the plugin hooks Model Runner V2 only"
 STANDARD_REJECTION = "standard"  # SpeculativeConfig.rejection_sample_method: other methods change acceptance
 # Attributes read, by the variable name the code gives each kind of vLLM object (the contract test checks that
 # nothing else is read, and the unit fakes carry exactly these).
@@ -189,10 +193,11 @@ class Step:
     runner: Any
     batch: Any = None
     grammar: Any = None
+    v1: dict | None = None  # the V1 runner's step (vllm_v1): a holder for its spec-decode metadata
 
     @property
     def profile(self) -> bool:
-        return self.batch is None
+        return self.batch is None and self.v1 is None
 
 
 def install_runner_hooks() -> None:
@@ -235,8 +240,11 @@ def install_runner_hooks() -> None:
 # --- prerequisites ----------------------------------------------------------------------------------------------
 
 
-def head_missing(processor: Any, lm_head: Any, hidden: torch.Tensor, embedding_bias: Any) -> list[str]:
-    """What about the model's head breaks the certificate's reference semantics (docs/head.md)."""
+def head_missing(
+    processor: Any, lm_head: Any, hidden: torch.Tensor, embedding_bias: Any, *, cuda: bool = True
+) -> list[str]:
+    """What about the model's head breaks the certificate's reference semantics (docs/head.md). On CUDA the head
+    must be bfloat16 (an fp32 GEMM there may run in TF32); on a CPU float32 is certified as well (fp32 output)."""
     missing = []
     weight = lm_head.weight
     if processor.logits_as_input:
@@ -254,8 +262,10 @@ def head_missing(processor: Any, lm_head: Any, hidden: torch.Tensor, embedding_b
     method = type(lm_head.quant_method).__name__
     if method not in DENSE_HEAD_METHODS:
         missing.append(f"the head is quantized ({method})")
-    if weight.dim() != 2 or weight.dtype != torch.bfloat16 or hidden.dtype != torch.bfloat16:
-        missing.append(f"head weight {weight.dtype} / hidden states {hidden.dtype}: bfloat16 is required")
+    dtypes = (torch.bfloat16,) if cuda else (torch.bfloat16, torch.float32)
+    if weight.dim() != 2 or weight.dtype not in dtypes or hidden.dtype != weight.dtype:
+        wanted = "bfloat16" if cuda else "bfloat16 or float32 (both alike)"
+        missing.append(f"head weight {weight.dtype} / hidden states {hidden.dtype}: {wanted} is required")
     elif processor.org_vocab_size > weight.shape[0] or weight.shape[1] != hidden.shape[-1]:
         missing.append(f"head weight shape {tuple(weight.shape)} does not fit the processor")
     return missing
@@ -345,6 +355,29 @@ def layout(batch: Any, rows: int, device: torch.device) -> Layout | None:
     return Layout(request, draft, local_pos, int(batch.num_reqs))
 
 
+def _graph_head(
+    head: QuantizedHead,
+    impl: select.Implementation,
+    settings: switch.Settings,
+    counters: HeadCounters,
+    triggers: torch.Tensor,
+) -> Any:
+    """The captured conditional head over the plugin's INT8 head, Triton stages and device counters (graphs are
+    captured per row bucket on first use)."""
+    # lazy: the graph module's CUDA pieces, only on the cuda-graph implementation
+    from draftscope.head.graph import ConditionalHead
+
+    return ConditionalHead(
+        head.weight,
+        k=settings.k,
+        max_requests=settings.max_rows,
+        quantized=head,
+        stages=select.stages(impl, head.weight.device, capturable=True),
+        counters=counters,
+        triggers=triggers,
+    )
+
+
 class _Plugin:
     """The per-process state: settings, the INT8 head once active, counters, the status file."""
 
@@ -354,6 +387,8 @@ class _Plugin:
         self.reason: str | None = None
         self.facts: dict[str, Any] = {}
         self.head: QuantizedHead | None = None
+        self.stages: select.Stages | None = None  # the eager implementations' certify stages
+        self.graph_head: Any = None  # graph.ConditionalHead on the cuda-graph implementation
         self.counters: HeadCounters | None = None
         self.trigger_positions: torch.Tensor | None = None  # device histogram: row within its request
         self.trigger_host: list[int] = []
@@ -376,11 +411,16 @@ class _Plugin:
         self.hooked = True
         vllm_config = _symbol("get_current_vllm_config")()
         if not vllm_config.use_v2_model_runner:
-            reason = "the V1 model runner is in use; the plugin hooks Model Runner V2 only"
-            if not torch.cuda.is_available():
-                # vLLM's CPU engine (0.32 without Triton runs the V1 CPUModelRunner): say the deeper reason too.
-                reason += f"; and {NO_CUDA}"
-            self.stay_stock(reason)
+            if torch.cuda.is_available():
+                self.stay_stock(V1_RUNNER + " on CUDA (the V1 hooks serve vLLM's CPU engine)")
+                return
+            # vLLM's CPU engine 0.32 runs the V1 CPUModelRunner: its own two hooks (vllm_v1).
+            try:
+                vllm_v1.install_runner_hooks(vllm_v1.runner_class(), _STEP, lambda r, h: Step(r, v1=h))
+            except (ImportError, AttributeError) as exc:
+                self.stay_stock(f"{V1_RUNNER}, and its V1 hooks do not fit this vLLM: {exc}")
+                return
+            self.facts["runner"] = "v1"
             return
         install_runner_hooks()
 
@@ -425,19 +465,23 @@ class _Plugin:
         try:
             device = serving.probe_device(hidden)
             self.facts["device"] = asdict(device)
-            if not device.cuda:
-                # A CPU engine (e.g. a V2 CPU runner): its runner is not the one the checks below read, and the
-                # INT8 head needs CUDA anyway. Stay stock with the reason; never inspect further.
-                self.stay_stock(f"{'; '.join(serving.device_missing(device, 0))}: {NO_CUDA}")
+            impl = select.select(device, max_rows=settings.max_rows)
+            self.facts["implementation"] = impl.record()
+            v1 = self.facts.get("runner") == "v1"
+            try:
+                missing = head_missing(processor, lm_head, hidden, bias, cuda=device.cuda)
+                missing += vllm_v1.runner_missing(runner) if v1 else runner_missing(runner)
+            except AttributeError as exc:  # another vLLM than the one the names were checked against
+                self.stay_stock(f"this vLLM's head or runner lacks a name the plugin reads: {exc}")
                 return
-            missing = head_missing(processor, lm_head, hidden, bias) + runner_missing(runner)
             if not missing and settings.mode == "prefix":
                 vocab, width = int(processor.org_vocab_size), int(weight.shape[1])
                 groups = 1 if settings.group_size is None else max(1, width // settings.group_size)
                 need = serving.needed_bytes(vocab, width, groups, settings.max_rows)
                 self.facts["memory"] = {"needed_bytes": need, "free_bytes": device.free_bytes}
-                missing += serving.device_missing(device, need)
-            elif not missing:
+                if device.cuda:
+                    missing += serving.device_missing(device, need)
+            elif not missing and device.cuda:
                 missing += serving.device_missing(device, 0)
             if missing:
                 self.stay_stock("; ".join(missing))
@@ -461,9 +505,15 @@ class _Plugin:
                     "group_size": head.group_size,
                     "dtype": str(weight.dtype).removeprefix("torch."),
                 }
+                self.stages = select.stages(impl, hidden.device)
                 with serving.reference_contract(hidden):
                     check = serving.startup_check(
-                        head, dense, rows=settings.max_rows, k=settings.k, out_dtype=weight.dtype
+                        head,
+                        dense,
+                        rows=settings.max_rows,
+                        k=settings.k,
+                        out_dtype=weight.dtype,
+                        stages=self.stages,
                     )
                 self.facts["startup_check"] = check
                 if check["disagreements"]:
@@ -482,6 +532,17 @@ class _Plugin:
                     self.trigger_positions = torch.zeros(
                         settings.max_rows + 1, dtype=torch.int64, device=hidden.device
                     )
+                    if impl.graph:
+                        captured = time.perf_counter()
+                        self.graph_head = _graph_head(
+                            self.head, impl, settings, self.counters, self.trigger_positions
+                        )
+                        with serving.reference_contract(hidden):
+                            buckets = self.graph_head.capture_all(settings.max_rows)
+                        self.facts["graph"] = {
+                            "buckets": buckets,
+                            "capture_seconds": round(time.perf_counter() - captured, 6),
+                        }
             self.state = "active"
             logger.warning(
                 "draftscope prefix head active (mode %s): %s", settings.mode, self.facts.get("memory")
@@ -508,8 +569,13 @@ class _Plugin:
             counters.add(calls=1, rows=rows, dense_calls=1, dense_calls_rowwise=1, dense_calls_prefix=1)
             return self._tick(out)
         runner, batch = step.runner, step.batch
-        why = ineligible_reasons(runner, batch, step.grammar)
-        plan = layout(batch, rows, hidden.device) if not why and rows <= self.settings.max_rows else None
+        if step.v1 is not None:
+            why = vllm_v1.ineligible_reasons(runner)
+            found = vllm_v1.layout(runner, step.v1, rows, hidden.device) if not why else None
+            plan = Layout(*found) if found is not None and rows <= self.settings.max_rows else None
+        else:
+            why = ineligible_reasons(runner, batch, step.grammar)
+            plan = layout(batch, rows, hidden.device) if not why and rows <= self.settings.max_rows else None
         if plan is None:
             if why:
                 for reason in why:
@@ -523,13 +589,23 @@ class _Plugin:
         started = time.perf_counter()
         head = self.head
         assert head is not None and self.trigger_positions is not None
+        vocab, dtype = int(processor.org_vocab_size), head.weight.dtype
+        if self.graph_head is not None:
+            # One replay: coarse → top-K → refine → certify → prefix rule, the dense head in the IF node, the
+            # counters and trigger rows added on the device. No host sync: the tokens are final either way.
+            replay = self.graph_head(hidden, plan.draft, plan.request, plan.requests, plan.local_pos)
+            if self.settings.shadow:
+                wrong = replay.certified & (replay.tokens != dense().argmax(dim=-1))
+                counters.add(shadow_calls=1, shadow_disagreements=wrong.sum())
+            self.seconds["certify_host"] += time.perf_counter() - started
+            return self._tick(serving.argmax_equivalent(replay.tokens.clamp(0, head.vocab - 1), vocab, dtype))
         cert = certify(
             head,
             hidden,
             plan.draft,
             k=self.settings.k,
-            out_dtype=head.weight.dtype,
-            bounds=serving.coarse_in_chunks(head, hidden),
+            out_dtype=dtype,
+            **self.stages.certify_kwargs(head, hidden),
         )
         prefix = prefix_decision(
             cert.certified, cert.tokens, plan.draft, plan.request, requests=plan.requests
@@ -564,7 +640,7 @@ class _Plugin:
             # Uncertified rows here lie after their request's stop and are never read; a NaN row's "winner" can
             # be the out-of-range index V, so clamp before using it as an index.
             tokens = cert.tokens.clamp(0, head.vocab - 1)
-            out = serving.argmax_equivalent(tokens, int(processor.org_vocab_size), head.weight.dtype)
+            out = serving.argmax_equivalent(tokens, vocab, dtype)
         return self._tick(out)
 
     def _tick(self, out: torch.Tensor) -> torch.Tensor:

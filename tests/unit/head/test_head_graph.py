@@ -65,7 +65,7 @@ def test_captured_heads_match_the_eager_head(kind):
         h = torch.randn(rows, 256, device="cuda").to(torch.bfloat16)
         draft = torch.full((rows,), NO_DRAFT, dtype=torch.long, device="cuda")
         request = torch.zeros(rows, dtype=torch.long, device="cuda")
-        tokens, need = head(h, draft, request, 1)
+        tokens, need, _ = head(h, draft, request, 1)
         cert = certify(eager, h, draft, k=16)
         dense = (h @ w.T).argmax(dim=-1)
         if bool(need):
@@ -75,7 +75,54 @@ def test_captured_heads_match_the_eager_head(kind):
     # A forced fallback: a NaN row is never certified, so the dense head must have run inside the graph.
     h = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
     h[0, 0] = float("nan")
-    tokens, need = head(
+    tokens, need, _ = head(
         h, torch.tensor([5, NO_DRAFT], device="cuda"), torch.zeros(2, dtype=torch.long, device="cuda"), 1
     )
     assert bool(need) and torch.equal(tokens[1:], (h[1:] @ w.T).argmax(dim=-1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_the_plugins_conditional_head_on_the_triton_stages_counts_on_the_device():
+    """The engine plugin's cuda-graph implementation: the Triton stages captured (top-K without its repair), the
+    counters and trigger rows added by the replay, the tokens those of the eager certified head or the dense head."""
+    from draftscope.head import select, serving
+    from draftscope.head.certify import NO_DRAFT
+    from draftscope.head.graph import ConditionalHead, conditional_nodes_available
+    from draftscope.head.quant import QuantizedHead
+    from draftscope.head.runtime import HeadCounters
+
+    if not conditional_nodes_available():
+        pytest.skip("CUDA conditional nodes need CUDA >= 12.4")
+    torch.manual_seed(0)
+    w = (torch.randn(8192, 256, device="cuda") * 0.05).to(torch.bfloat16)
+    head = QuantizedHead.build(w)
+    facts = serving.probe_device(w)
+    impl = select.select(facts, max_rows=16)
+    assert impl.name == "cuda-graph", impl
+    counters = HeadCounters(w.device, read_every=1000)
+    triggers = torch.zeros(17, dtype=torch.int64, device="cuda")
+    graph_head = ConditionalHead(
+        w,
+        k=16,
+        max_requests=16,
+        quantized=head,
+        stages=select.stages(impl, w.device, capturable=True),
+        counters=counters,
+        triggers=triggers,
+    )
+    rows = 0
+    for n in (1, 3, 4, 9):
+        picks = torch.randint(0, 8192, (n,), device="cuda")
+        h = (w[picks].float() * 40).to(torch.bfloat16)
+        draft = torch.cat([picks[:-1], torch.tensor([NO_DRAFT], device="cuda")])
+        replay = graph_head(
+            h, draft, torch.zeros(n, dtype=torch.long, device="cuda"), 1, torch.arange(n, device="cuda")
+        )
+        dense = (h @ w.T).argmax(dim=-1)
+        assert torch.equal(replay.tokens[replay.certified], dense[replay.certified])
+        if bool(replay.need_dense):
+            assert torch.equal(replay.tokens, dense)
+        rows += n
+    got = counters.read()
+    assert got["calls"] == 4 and got["rows"] == rows and got["certified"] > 0

@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from draftscope.core.errors import UserError  # noqa: E402
-from draftscope.head import serving, vllm_plugin, vllm_switch  # noqa: E402
+from draftscope.head import select, serving, vllm_plugin, vllm_switch  # noqa: E402
 from draftscope.head.certify import certify as real_certify  # noqa: E402
 from draftscope.head.policy import verify_tokens  # noqa: E402
 from draftscope.head.quant import QuantizedHead, coarse  # noqa: E402
@@ -208,10 +208,14 @@ class Engine:
         model_kwargs=None,
         processor_kwargs=None,
         seed=0,
+        triton=False,
     ):
         self.status_path = tmp_path / "prefix_head.json"
         monkeypatch.setattr(vllm_plugin, "_PLUGIN", None)
         monkeypatch.setattr(serving, "probe_device", lambda hidden: device)
+        # The tensors here are on the CPU whatever `device` says: the Triton paths need the interpreter
+        # (test_head_select runs them under it), so by default a described GPU gets the reference stages.
+        monkeypatch.setattr(select, "triton_available", lambda: triton)
         self.fakes = vllm_fakes(use_v2=use_v2)
         monkeypatch.setattr(vllm_plugin, "_symbol", lambda name: self.fakes.symbols[name])
         monkeypatch.setattr(vllm_plugin.atexit, "register", lambda fn: None)
@@ -349,7 +353,8 @@ def test_another_plugin_owning_the_processor_leaves_the_stock_one(monkeypatch, t
     assert fakes.registry[vllm_plugin.OOT_NAME].__name__ == "FlashHeadLogitsProcessor"
 
 
-def test_the_v1_runner_keeps_the_stock_engine(monkeypatch, tmp_path):
+def test_the_v1_runner_on_cuda_keeps_the_stock_engine(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     engine = Engine(monkeypatch, tmp_path, use_v2=False)
     assert engine.status()["state"] == "stock" and "V1 model runner" in engine.status()["reason"]
     assert not getattr(engine.fakes.Runner, "_draftscope_hooked", False)
@@ -378,19 +383,16 @@ def test_activation_builds_the_head_and_passes_the_startup_check(monkeypatch, tm
     assert engine.plugin.head.weight.data_ptr() == engine.model.lm_head.weight.data_ptr()  # no dense copy
 
 
-def test_off_cuda_the_plugin_stays_stock_without_reading_the_runner(monkeypatch, tmp_path):
-    # vLLM's CPU engine: its runner is not the GPU runner the checks read, so they must not run (never a crash).
-    engine = Engine(monkeypatch, tmp_path, device=serving.DeviceFacts(**{**vars(H200), "cuda": False}))
-
-    def inspected(*args):
-        raise AssertionError("the runner or head was inspected off CUDA")
-
-    monkeypatch.setattr(vllm_plugin, "runner_missing", inspected)
-    monkeypatch.setattr(vllm_plugin, "head_missing", inspected)
+def test_off_cuda_the_plugin_runs_the_cpu_path_and_says_why_not_the_graph(monkeypatch, tmp_path):
+    engine = Engine(monkeypatch, tmp_path, device=serving.DeviceFacts(cuda=False))
     engine.profile()
     status = engine.status()
-    assert status["state"] == "stock" and vllm_plugin.NO_CUDA in status["reason"], status["reason"]
-    assert engine.plugin.head is None
+    assert status["state"] == "active", status["reason"]
+    impl = status["implementation"]
+    assert impl["name"] == "cpu" and impl["graph"] is False and impl["reason"] == select.NO_GPU
+    assert impl["coarse"] == "serving.coarse_in_chunks" and status["startup_check"]["disagreements"] == 0
+    out, stock = engine.step([(5, [10, 11, 99], [10, 11, 12, -1])])
+    assert greedy(out, [10, 11, 99]) == greedy(stock, [10, 11, 99]) == (2, 12)
 
 
 @pytest.mark.parametrize(
@@ -401,7 +403,6 @@ def test_off_cuda_the_plugin_stays_stock_without_reading_the_runner(monkeypatch,
         ({"toolkit": None}, {}, {}, "without the CUDA toolkit"),
         ({"arch_list": ("sm_80",)}, {}, {}, "toolkit mismatch"),
         ({"free_bytes": 1 << 10}, {}, {}, "not enough free GPU memory"),
-        ({"cuda": False}, {}, {}, "not on a CUDA device"),
         ({}, {"soft_cap": 30.0}, {}, "soft-capped"),
         ({}, {"scale": 0.5}, {}, "scaled"),
         ({}, {}, {"tp_size": 2}, "tensor-parallel"),
