@@ -158,6 +158,16 @@ def test_the_summary_carries_the_ledger_and_keeps_the_median_stat(backend):
     assert set(overall["acceptance_length"]) == {"median", "min", "max", "n"}
 
 
+def test_a_record_without_its_draft_count_leaves_the_rate_and_positions_unknown_not_wrong():
+    # kit fixture with request b's k missing: the means stand (11/5), the proposed drafts cannot be counted
+    records = _load("kit_loop")["records"]
+    del records[1]["draft_tokens_per_step"]
+    out = acceptance.from_records(records)
+    assert out["mean_pooled"] == pytest.approx(11 / 5)
+    assert out["proposed_drafts"] is None and out["rate"] is None and out["per_position"] is None
+    assert schema.problems(summarize("run", records, ["a", "b", "c"], partial=True), "summary") == []
+
+
 def test_no_acceptance_fields_give_no_ledger():
     assert acceptance.from_records([{"prompt_id": "x"}, {"acceptance_lengths": None}]) is None
 
