@@ -14,7 +14,7 @@ from draftscope.analysis.comparisons import find_comparisons
 from draftscope.analysis.load import load_runs
 from draftscope.analysis.report import write_report
 from draftscope.core.errors import UserError
-from draftscope.ops.demo import steps_for_display
+from draftscope.ops.demo import speed_line, steps_for_display
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,12 @@ def test_the_demo_compares_before_it_analyzes_and_hands_the_comparisons_to_analy
     assert keys.index("compare-prefix") < keys.index("analyze")
     analyze = steps[keys.index("analyze")].argv
     assert analyze[analyze.index("--comparison") + 1] == str(tmp_path / "demo" / "comparisons")
+
+
+def test_the_demo_summary_names_one_speed_measure_the_comparison_speedup(folder):
+    doc = json.loads((folder / "runs" / "comparisons" / "S.json").read_text())
+    line = speed_line("spec", folder / "runs" / "S", folder / "runs" / "comparisons" / "S.json")
+    assert "request latency" in line and "tok/s" not in line
+    assert f"speedup {1 / doc['median_ratio']:.3f}×" in line
+    assert f"[{1 / doc['ci']['high']:.3f}×, {1 / doc['ci']['low']:.3f}×]" in line
+    assert doc["verdict"]["decision"].replace("_", " ") in line
