@@ -15,6 +15,7 @@ from PIL import Image
 from draftscope.core import schema
 from draftscope.core.errors import UserError
 
+from browser import compressed_ratio, dump_dom, need_browser, png_facts, screenshot
 from support import ROOT, run_invoke, tiny_benchmark
 
 
@@ -157,3 +158,56 @@ def test_reproduce_gives_identical_token_ids_and_a_valid_comparison(runs, tmp_pa
     assert manifest["inputs"][0]["sha256"] == original["inputs"][0]["sha256"]
     frozen = {k: v for k, v in original["config"].items() if k != "prompts"}
     assert {k: v for k, v in manifest["config"].items() if k != "prompts"} == frozen
+
+
+def test_the_report_leads_with_the_speedup_and_the_mean_acceptance_and_renders_in_a_browser(runs, tmp_path):
+    """Issue 20, acceptance 1: compare first (into comparisons/ beside the runs, where analyze finds it), then the
+    report: speedup, interval, verdict and noise band at the top; the pooled mean acceptance length (not the
+    median), the rate and the per-position rates; checked in the DOM a headless browser rendered, and on its
+    screenshot."""
+    browser = need_browser()
+    comparison = runs["A"].parent / "comparisons" / "speculative.json"
+    result = run_cli("compare", str(runs["A"]), str(runs["S"]), "--output", str(comparison))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rep = tmp_path / "REP"
+    result = run_cli("analyze", str(runs["A"]), "--run", str(runs["S"]), "--report", str(rep))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Comparisons" in result.stdout and "1 comparison(s) at the top" in result.stdout
+
+    doc = json.loads(comparison.read_text())
+    summary = json.loads((runs["S"] / "summary.json").read_text())["overall"]
+    ledger = summary["acceptance"]
+    assert (
+        ledger["mean_pooled"] != summary["acceptance_length"]["median"]
+    )  # the figure the report used to show
+    speedup = f"{1 / doc['median_ratio']:.3f}×"
+    interval = f"[{1 / doc['ci']['high']:.3f}×, {1 / doc['ci']['low']:.3f}×]"
+    expected = [
+        "Is it faster?",
+        speedup,
+        interval,
+        doc["verdict"]["decision"].replace("_", " "),
+        f"±{doc['noise_band']['half_width']:.2%}",
+        f"{ledger['mean_pooled']:.2f} ({ledger['emitted_tokens']} tokens / {ledger['steps']} steps)",
+        f"{ledger['rate']:.3f} ({ledger['accepted_drafts']} / {ledger['proposed_drafts']})",
+        " ".join(f"{i}: {p:.2f}" for i, p in enumerate(ledger["per_position"], 1)),
+    ]
+    dom = dump_dom(browser, rep / "report.html")
+    print(
+        f"report shows: speedup {speedup} {interval}, mean acceptance {ledger['mean_pooled']:.2f}, "
+        f"rate {ledger['rate']:.3f}, per position {ledger['per_position']}"
+    )
+    for needle in expected:
+        assert needle in dom, needle
+    assert dom.index("Is it faster?") < dom.index("<h2>Runs</h2>")
+    assert dom.index("acceptance length (mean over steps)") < dom.index("acceptance length (median")
+    assert (rep / "report.md").read_text().count(speedup) == 1
+
+    shot = screenshot(browser, rep / "report.html", tmp_path / "report.png")
+    width, height, colours = png_facts(shot)
+    ratio = compressed_ratio(shot)
+    print(f"screenshot {width}×{height}, {colours} colours, compresses {ratio:.1f}×")
+    assert (width, height) == (1280, 2400)
+    assert (
+        colours > 64 and ratio < 100
+    )  # text, tables and figures; a blank page has one colour and packs >1000×

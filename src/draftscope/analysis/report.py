@@ -17,6 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from rich.table import Table
 
 from draftscope.analysis import figures
+from draftscope.analysis.comparisons import SPEED_MEASURE, Shown
 from draftscope.analysis.load import Run
 from draftscope.analysis.output import make_new_dir, write_new
 from draftscope.core.provenance import kit_info, now
@@ -33,7 +34,12 @@ FIELDS = (
     ("records", "records"),
     ("request tok/s", "request_tok_s"),
     ("decode tok/s", "decode_tok_s"),
-    ("acceptance length", "acceptance_length"),
+    ("acceptance length (mean over steps)", "acceptance_mean"),
+    ("acceptance rate (accepted / proposed drafts)", "acceptance_rate"),
+    ("acceptance per draft position", "acceptance_positions"),
+    ("acceptance length per request / token-weighted", "acceptance_other_means"),
+    ("acceptance length (median of steps, min–max)", "acceptance_length"),
+    ("acceptance cross-checks", "acceptance_checks"),
     ("greedy agreement", "greedy_agreement"),
 )
 
@@ -43,6 +49,42 @@ def fmt_stat(s: Mapping[str, Any] | None, digits: int = 1) -> str:
     if not s:
         return "—"
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
+def acceptance_cells(run: Run) -> dict[str, str]:
+    """The acceptance ledger's figures (core/acceptance.py) as text; '—' where the run has no such figure."""
+    ledger = run.summary["overall"].get("acceptance") if run.speculative else None
+    if not ledger:
+        none = "— (not speculative)" if not run.speculative else "—"
+        keys = ("acceptance_mean", "acceptance_rate", "acceptance_positions", "acceptance_other_means")
+        return {**dict.fromkeys(keys, none), "acceptance_checks": "—"}
+    rate = ledger["rate"]
+    positions = ledger["per_position"]
+    checks = ledger["cross_checks"]
+    failing = [c for c in checks if c["agrees"] is False]
+    if failing:
+        check = "; ".join(
+            f"DISAGREE with {c['source']}: "
+            + ", ".join(f"{d['field']} {d['ledger']:.4g} vs {d['source']:.4g}" for d in c["differences"])
+            for c in failing
+        )
+    else:
+        agreeing = [c["source"] for c in checks if c["agrees"]]
+        check = ("agree: " + "; ".join(agreeing)) if agreeing else "— (one source)"
+    return {
+        "acceptance_mean": f"{ledger['mean_pooled']:.2f} ({ledger['emitted_tokens']} tokens / {ledger['steps']} steps)",
+        "acceptance_rate": f"{rate:.3f} ({ledger['accepted_drafts']} / {ledger['proposed_drafts']})"
+        if rate is not None
+        else "— (drafts per step unknown)",
+        "acceptance_positions": " ".join(
+            f"{i}: {p:.2f}" if p is not None else f"{i}: —" for i, p in enumerate(positions, 1)
+        )
+        if positions
+        else "— (no per-step counts)",
+        "acceptance_other_means": f"{ledger['mean_per_request']:.2f} / "
+        + (f"{ledger['mean_token_weighted']:.2f}" if ledger["mean_token_weighted"] is not None else "—"),
+        "acceptance_checks": check,
+    }
 
 
 def run_row(run: Run) -> dict[str, str]:
@@ -74,6 +116,7 @@ def run_row(run: Run) -> dict[str, str]:
         if run.speculative
         else "— (not speculative)",
         "greedy_agreement": agreement,
+        **acceptance_cells(run),
     }
 
 
@@ -88,6 +131,29 @@ def runs_table(runs: Sequence[Run]) -> Table:
         table.add_column(row["run"], overflow="fold")
     for title, key in FIELDS:
         table.add_row(title, *(row[key] for row in rows))
+    return table
+
+
+COMPARISON_FIELDS = (
+    ("speedup", "speedup"),
+    ("interval", "interval"),
+    ("verdict", "verdict"),
+    ("threshold", "threshold"),
+    ("A/A noise band", "noise_band"),
+    ("latency ratio", "latency_ratio"),
+    ("prompts", "prompts"),
+)
+
+
+def comparisons_table(shown: Sequence[Shown]) -> Table:
+    """Is it faster? One column per comparison, the speedup first."""
+    table = Table(title=f"Comparisons ({SPEED_MEASURE})", title_justify="left")
+    table.add_column("field", style="bold", no_wrap=True)
+    cells = [c.cells() for c in shown]
+    for c in cells:
+        table.add_column(c["pair"], overflow="fold")
+    for title, key in (*COMPARISON_FIELDS, ("reason", "reason")):
+        table.add_row(title, *(c[key] for c in cells))
     return table
 
 
@@ -158,8 +224,9 @@ def _environment() -> Environment:
     return env
 
 
-def write_report(runs: Sequence[Run], folder: Path) -> list[Path]:
-    """Create `folder` (it must not exist) with report.md, report.html and the PNG figures; returns the files."""
+def write_report(runs: Sequence[Run], folder: Path, comparisons: Sequence[Shown] = ()) -> list[Path]:
+    """Create `folder` (it must not exist) with report.md, report.html and the PNG figures; returns the files.
+    The comparisons of these runs (`analysis.comparisons.find_comparisons`) lead the report when there are any."""
     figs = make_figures(runs)  # before creating anything: a plotting failure leaves no half-made folder
     folder = make_new_dir(Path(folder), "--report")
     rows = [run_row(r) for r in runs]
@@ -174,6 +241,9 @@ def write_report(runs: Sequence[Run], folder: Path) -> list[Path]:
         "prompt_header": header,
         "prompt_rows": body,
         "partial": [r.run_id for r in runs if r.partial],
+        "comparisons": [c.cells() for c in comparisons],
+        "comparison_fields": COMPARISON_FIELDS,
+        "speed_measure": SPEED_MEASURE,
     }
     env = _environment()
     written = []

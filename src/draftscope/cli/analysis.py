@@ -36,30 +36,42 @@ def _file_name(value: str, flag: str) -> Path:
 
 
 @command(
-    iterable=["run"],
+    iterable=["run", "comparison"],
     variadic="run",
     help={
         "path": "a run directory; a folder of run directories stands for each of them",
         "run": "one more run directory or folder (repeatable): analyze A --run B --run C (draftscope analyze A B C)",
         "report": "also write a report folder here (must not exist): report.md, report.html, PNG figures",
+        "comparison": "a comparison.json from `invoke compare`, or a folder of them (repeatable); those in "
+        "comparisons/ here and beside the runs are found without it",
     },
 )
-def analyze(c, path, run=None, report=None):
+def analyze(c, path, run=None, report=None, comparison=None):
     """Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
-    min–max of request and decode tok/s, acceptance length, greedy agreement); optionally write a report."""
+    min–max of request and decode tok/s, mean acceptance length, rate and per position, greedy agreement) and the
+    comparisons of these runs (speedup, interval, verdict, noise band); optionally write a report."""
     # lazy: jinja2, matplotlib and numpy, only when a report is written
-    from draftscope.analysis.report import runs_table, write_report
+    from draftscope.analysis.comparisons import find_comparisons
+    from draftscope.analysis.report import comparisons_table, runs_table, write_report
 
     loaded = load_runs([path, *(run or ())])
+    shown, notes = find_comparisons(loaded, comparison or ())
     out = console()
+    if shown:
+        out.print(comparisons_table(shown))
     out.print(runs_table(loaded))
     for found in loaded:
         for note in found.notes:
             out.print(f"note: {found.run_id}: {note}")
+    for note in notes:
+        out.print(f"note: {note}")
     if report:
-        files = write_report(loaded, Path(report))
+        files = write_report(loaded, Path(report), shown)
         pngs = sum(f.suffix == ".png" for f in files)
-        out.print(f"report: {report}/report.md, {report}/report.html and {pngs} figure(s)")
+        out.print(
+            f"report: {report}/report.md, {report}/report.html and {pngs} figure(s)"
+            + (f"; {len(shown)} comparison(s) at the top" if shown else "")
+        )
 
 
 @command(

@@ -1,4 +1,5 @@
-"""Records → summary: medians with min/max per prompt and overall, counts, and greedy agreement.
+"""Records → summary: medians with min/max per prompt and overall, counts, greedy agreement, and the acceptance
+ledger (core/acceptance.py: pooled, per-request and token-weighted mean acceptance length, rate, per position).
 
 Host-side and dependency-free (statistics.median), so a partial run is summarised the same way as a complete one.
 """
@@ -9,6 +10,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from draftscope.core import acceptance
 from draftscope.core.jsonio import iter_jsonl
 from draftscope.core.layout import RECORDS
 
@@ -30,17 +32,19 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 def _stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out = {
-        "request_tok_s": stat(r["request_tok_s"] for r in records),
-        "decode_tok_s": stat(r["decode_tok_s"] for r in records),
-        "request_seconds": stat(r["request_seconds"] for r in records),
-        "generated_tokens": stat(r["generated_tokens"] for r in records),
+        "request_tok_s": stat(r.get("request_tok_s") for r in records),
+        "decode_tok_s": stat(r.get("decode_tok_s") for r in records),
+        "request_seconds": stat(r.get("request_seconds") for r in records),
+        "generated_tokens": stat(r.get("generated_tokens") for r in records),
     }
     lengths = [n for r in records for n in (r.get("acceptance_lengths") or [])]
     if lengths:
-        out["acceptance_length"] = stat(lengths)
-        k = next((r.get("draft_tokens_per_step") for r in records if r.get("draft_tokens_per_step")), None)
-        # Accepted drafts over proposed drafts: each step accepts (length - 1) of k proposals.
-        out["acceptance_rate"] = sum(n - 1 for n in lengths) / (k * len(lengths)) if k else None
+        out["acceptance_length"] = stat(lengths)  # kept for compatibility: the median of whole numbers
+    ledger = acceptance.from_records(records)
+    if ledger is not None:
+        # Accepted drafts over proposed drafts (core/acceptance.py), the same figure as acceptance.rate.
+        out["acceptance_rate"] = ledger["rate"]
+        out["acceptance"] = ledger
     return out
 
 

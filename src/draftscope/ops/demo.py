@@ -10,9 +10,12 @@ line and its duration:
 4. the same with the prefix-conditioned head (shadow mode on, calls captured), then `head-study` of those calls;
 5. the draft-training pipeline on the tiny preset, regen through convert (speculators' trainer needs its own
    environment: `--train-python`, which `make demo` sets up);
-6. `validate` of every run directory and of the pipeline workdir, `analyze` with a report, and `compare` of 3 and 4 against 2.
+6. `validate` of every run directory and of the pipeline workdir, `compare` of 3 and 4 against 2, then `analyze`
+   with a report, which puts those comparisons at its top.
 
-It ends with a summary: throughputs, acceptance length, the head's fallbacks, the verdicts, whether the speculative
+It ends with a summary in one speed measure, named (request latency, as `compare` measures it: the speedup with its
+interval and verdict), the acceptance ledger (mean acceptance length pooled over steps, rate, per position), the
+head's fallbacks, whether the speculative
 runs' tokens equal the baseline's for every prompt (checked here, from the records), the tiny target's recorded
 validation loss and top-1 probability, and the path of `report.html`. Everything lands in a new `runs/demo-<time>/`.
 """
@@ -138,17 +141,6 @@ def plan_steps(demo: Demo) -> list[Step]:
             ],
         ),
         Step(
-            "analyze",
-            "analyze the benchmark runs, write the report",
-            invoke(
-                "analyze",
-                str(runs[0]),
-                *(w for run in runs[1:] for w in ("--run", str(run))),
-                "--report",
-                str(r("report")),
-            ),
-        ),
-        Step(
             "compare-speculative",
             "compare speculative (dense head) against the baseline",
             invoke(
@@ -159,6 +151,19 @@ def plan_steps(demo: Demo) -> list[Step]:
             "compare-prefix",
             "compare speculative (prefix head) against the baseline",
             invoke("compare", str(runs[0]), str(runs[2]), "--output", str(r("comparisons") / "prefix.json")),
+        ),
+        Step(
+            "analyze",
+            "analyze the benchmark runs with the comparisons, write the report",
+            invoke(
+                "analyze",
+                str(runs[0]),
+                *(w for run in runs[1:] for w in ("--run", str(run))),
+                "--comparison",
+                str(r("comparisons")),
+                "--report",
+                str(r("report")),
+            ),
         ),
     ]
 
@@ -202,21 +207,38 @@ def tokens_match(base: Path, other: Path) -> tuple[int, int]:
     return len(pairs), sum(a == b for a, b in pairs)
 
 
-def tokens_per_call(run: Path) -> float | None:
-    lengths = [n for r in read_records(run) for n in (r.get("acceptance_lengths") or [])]
-    return sum(lengths) / len(lengths) if lengths else None
+def ledger(run: Path) -> dict | None:
+    """The run's acceptance ledger (core/acceptance.py) from its summary."""
+    return read_json(run / "summary.json", expect=dict)["overall"].get("acceptance")
 
 
-def median_decode(run: Path) -> float | None:
-    summary = read_json(run / "summary.json", expect=dict)
-    stats = summary["overall"].get("decode_tok_s")
+def median_seconds(run: Path) -> float | None:
+    stats = read_json(run / "summary.json", expect=dict)["overall"].get("request_seconds")
     return stats["median"] if stats else None
+
+
+def speed_line(label: str, run: Path, comparison: Path | None) -> str:
+    """One run in the demo's one speed measure: request latency, and the speedup compare measured."""
+    seconds = median_seconds(run)
+    line = f"{label:26s} request latency {seconds:.4f} s (median)" if seconds else f"{label:26s} no records"
+    if comparison is None:
+        return line
+    doc = read_json(comparison, expect=dict)
+    ci = doc["ci"]
+    interval = (
+        f", {doc['confidence']:.0%} interval [{1 / ci['high']:.3f}×, {1 / ci['low']:.3f}×]" if ci else ""
+    )
+    noise = doc["noise_band"]
+    band = f", A/A noise band ±{noise['half_width']:.2%}" if noise and noise["half_width"] is not None else ""
+    return (
+        f"{line}; speedup {1 / doc['median_ratio']:.3f}×{interval}; verdict "
+        f"{doc['verdict']['decision'].replace('_', ' ')} at {doc['threshold']:.2%}{band}"
+    )
 
 
 def summary_lines(demo: Demo) -> tuple[list[str], bool]:
     r = demo.run_dir
     ok = True
-    base = median_decode(r("baseline")) or float("nan")
     lines = ["", "draftscope demo — summary", ""]
     measured = (
         (load_model_preset("tiny").kit_model.measured or {}) if load_model_preset("tiny").kit_model else {}
@@ -225,21 +247,31 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
         f"tiny target: validation loss {measured.get('target_validation_loss')}, mean top-1 probability "
         f"{measured.get('target_mean_top1_prob')} (recorded at build time, presets/models/tiny.yaml)"
     )
+    lines.append(
+        "speed, one measure: request latency (prefill included); speedup = base / candidate, the median over "
+        "prompts of the paired latency ratio (invoke compare)"
+    )
     for name, label in (
         ("baseline", "baseline"),
         ("speculative", "speculative, dense head"),
         ("prefix", "speculative, prefix head"),
     ):
-        tok_s = median_decode(r(name))
-        ratio = "" if name == "baseline" or tok_s is None else f" ({tok_s / base:.2f}× the baseline)"
-        lines.append(f"{label:26s} decode {tok_s:8.1f} tok/s (median){ratio}")
-    per_call = tokens_per_call(r("speculative"))
+        comparison = None if name == "baseline" else r("comparisons") / f"{name}.json"
+        lines.append(speed_line(label, r(name), comparison))
+    book = ledger(r("speculative"))
+    per_call = book["mean_pooled"] if book else None
     enough = per_call is not None and per_call >= MIN_TOKENS_PER_CALL
     ok &= enough
-    lines.append(
-        f"draft: mean tokens per target call at k={DRAFT_TOKENS}: {per_call:.3f} "
-        f"({'≥' if enough else 'BELOW'} {MIN_TOKENS_PER_CALL})"
-    )
+    if book:
+        positions = " ".join(f"{p:.2f}" for p in book["per_position"] or () if p is not None)
+        rate = f"{book['rate']:.3f}" if book["rate"] is not None else "—"
+        lines.append(
+            f"draft at k={DRAFT_TOKENS}: mean acceptance length {per_call:.3f} (pooled over "
+            f"{book['steps']} steps; {'≥' if enough else 'BELOW'} {MIN_TOKENS_PER_CALL}), acceptance rate "
+            f"{rate}, per position [{positions}]"
+        )
+    else:
+        lines.append("draft: no acceptance figures in the speculative run  <-- MISSING")
     head = read_json(r("prefix") / "summary.json", expect=dict).get("head") or {}
     lines.append(
         f"prefix head: {head.get('calls', 0)} verification calls, {head.get('certified', 0)} of "
@@ -260,11 +292,6 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
         lines.append(
             f"tokens, {name} vs baseline: {same} of {compared} generations identical"
             + ("" if identical else "  <-- MISMATCH")
-        )
-        doc = read_json(r("comparisons") / f"{name}.json", expect=dict)
-        lines.append(
-            f"verdict, {name} vs baseline: {doc['verdict']['decision']} — median latency ratio "
-            f"{doc['median_ratio']:.3f}; {doc['verdict']['reason']}"
         )
     pipeline = r("pipeline")
     stages = sorted(p.stem for p in (pipeline / "stages").glob("*.json") if "." not in p.stem)

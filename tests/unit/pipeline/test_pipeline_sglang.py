@@ -157,6 +157,12 @@ def test_bench_measures_the_run_mean_and_the_rate_from_the_servers_counts(tmp_pa
     assert inst["server_avg_accept_length"] == pytest.approx(94 / 34)
     assert [r["spec_verify_ct"] for r in result["per_request"]] == [5, 8, 4, 5, 8, 4]
     assert [r["prompt_id"] for r in result["per_request"]] == [*PROMPTS, *PROMPTS]
+    # The ledger: steps emit correct drafts + 1 each, (30 + 17) × 2 = 94 tokens in 34 steps, the server's figure;
+    # the fake's truncated last steps count more correct drafts than tokens: recorded as a disagreement.
+    ledger = result["acceptance"]
+    assert ledger["mean_pooled"] == pytest.approx(94 / 34) and ledger["rate"] == pytest.approx(60 / 102)
+    assert ledger["per_position"] is None
+    assert any(c["agrees"] is False for c in ledger["cross_checks"])
     assert counts == {
         "requests": 6,
         "instances": 1,

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftscope.core import acceptance
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, read_json
 from draftscope.core.schema import check
@@ -147,6 +148,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     }
     if drafted is not None:
         result["draft_tokens_per_step"] = drafted
+    # The kit's acceptance ledger over the same rows (core/acceptance.py): every backend's figures, one definition.
+    result["acceptance"] = acceptance.from_sglang(rows, drafted)
     sglang.write_checked(output, result, "stage-bench")
     print(
         f"bench: mean accept length {sglang.fmt(mean)}, accept rate {sglang.fmt(result['accept_rate'])} "
