@@ -174,3 +174,23 @@ def test_the_int32_accumulator_bound_is_enforced():
     head = QuantizedHead.build(torch.zeros(2, MAX_GROUP + 1), None)
     with pytest.raises(ValueError, match="overflow"):
         Int8Coarse.build(head)
+
+
+def test_the_cpu_certified_head_runs_this_pass_and_agrees_with_dense():
+    """`runtime.CertifiedHead` on a CPU takes the INT8 × INT8 bounds (where the kernel is exact here) and its tokens
+    are the dense head's; with groups it takes the `_int_mm` kernel, per row the qlinear one above one row."""
+    # lazy: runtime imports the decode loop's pieces, needed by this test only
+    from draftscope.head.runtime import CertifiedHead
+
+    rng = np.random.default_rng(5)
+    w = torch.from_numpy(bf16((rng.standard_normal((300, 64)) * 0.1).astype(np.float32))).to(torch.bfloat16)
+    h = w[:6].float().mul(20).to(torch.bfloat16)
+    for group in (None, 16):
+        head = CertifiedHead(w, policy="prefix", group_size=group, shadow=True)
+        assert head.int8 is not None and (head.int8.packed is not None) == (
+            group is None and probe_qlinear(64)
+        )
+        tokens = head(h, torch.arange(5), lambda: (h.float() @ w.float().T).to(torch.bfloat16))
+        assert tokens.tolist() == [0, 1, 2, 3, 4, 5]
+        report = head.report()
+        assert report["certified"] == 6 and report["dense_calls"] == 0 and report["shadow_disagreements"] == 0
