@@ -9,8 +9,10 @@ exact refine of the K+3 candidates. The O(rows·K) decision arithmetic is not ti
 p is `path + p·dense`. The floor: dense reads 2·V·D bytes of weights, the certified path V·D (INT8) + scales and
 error tables + the refined rows; at the dense head's measured bandwidth that many bytes take the time shown.
 
-Implementations. CUDA: the Triton kernels (`triton_kernels`; the bounds are fused into the coarse pass). CPU: the
-fastest measured of the honest options, chosen per shape and recorded:
+Implementations. CUDA: the Triton kernels (`triton_kernels`; the bounds are fused into the coarse pass). CPU:
+`int8x8` (`cpu_coarse`: hidden rows quantized to INT8 too, torch's exact int8 GEMM, the activation error in U),
+measured faster than both options below at 1, 8 and 16 rows; where `cpu_coarse.probe` finds torch's int8 GEMM
+inexact on the CPU, the faster of these, chosen per shape and recorded:
 - `int8pack`: `torch._weight_int8pack_mm` (fused dequantize, fp32 accumulation, bf16 output) with unit scales,
   then the fp32 per-row scale; the bf16 output rounding is covered by an extra `|c|·2^-8` in U;
 - `tile`: dequantize tiles of rows to bf16 once and multiply every hidden row by each tile (bf16 output, same
@@ -157,6 +159,20 @@ def coarse_tile(head: Any, hidden: Any, _ones: Any = None, tile_rows: int = TILE
 
 
 CPU_COARSE = {"int8pack": coarse_int8pack, "tile": coarse_tile}
+INT8X8 = "int8x8"  # `head.cpu_coarse`: INT8 activations × INT8 weights, the CPU coarse pass where it is exact
+_INT8: dict[tuple, Any] = {}  # a head's INT8 weights (address, shape) → its Int8Coarse, None where not exact
+
+
+def int8_coarse(head: Any) -> Any:
+    """The head's `cpu_coarse.Int8Coarse` (built once per head), or None where torch's int8 GEMM is not exact on
+    this CPU (then the faster of `CPU_COARSE` runs)."""
+    # lazy: torch (head.cpu_coarse imports it), as in `_torch()`
+    from draftscope.head.cpu_coarse import Int8Coarse
+
+    key = (head.q.data_ptr(), tuple(head.q.shape), head.group_size)
+    if key not in _INT8:
+        _INT8[key] = Int8Coarse.build(head) if Int8Coarse.available(head) else None
+    return _INT8[key]
 
 
 def bounds_torch(head: Any, hidden: Any, c: Any, extra_rel: float = 0.0) -> tuple[Any, Any]:
@@ -221,6 +237,22 @@ class Timer:
         return (time.perf_counter() - start) * 1e3
 
 
+def _cpu_coarse(head: Any, hidden: Any, coarse_impl: str) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """The CPU coarse pass as two phases: (the coarse values, then their bounds U from those values)."""
+    if coarse_impl == INT8X8:
+        int8 = int8_coarse(head)
+
+        def int8_logits() -> Any:
+            q_h, s_h, norms = int8.quantize(hidden)
+            return int8.logits(q_h, s_h), norms
+
+        return int8_logits, lambda c: int8.bounds(c[0], int8.coefficients(c[1]))
+    torch = _torch()
+    ones = torch.ones(head.vocab, dtype=torch.bfloat16)
+    fn = CPU_COARSE[coarse_impl]
+    return lambda: fn(head, hidden, ones), lambda c: bounds_torch(head, hidden, c, BF16_OUT_REL)[0]
+
+
 def _path_ops(
     device: str, head: Any, weight: Any, hidden: Any, draft: Any, coarse_impl: str
 ) -> dict[str, Any]:
@@ -239,14 +271,7 @@ def _path_ops(
 
         refine = refine_triton
     else:
-        ones = torch.ones(head.vocab, dtype=torch.bfloat16)
-        fn = CPU_COARSE[coarse_impl]
-
-        def coarse_logits() -> Any:
-            return fn(head, hidden, ones)
-
-        def bounds(c: Any) -> Any:
-            return bounds_torch(head, hidden, c, BF16_OUT_REL)[0]
+        coarse_logits, bounds = _cpu_coarse(head, hidden, coarse_impl)
 
         def coarse() -> Any:
             return bounds(coarse_logits())
@@ -291,6 +316,9 @@ def measure(device: str, head: Any, weight: Any, rows: int, repeats: int, seed: 
     if device == "cuda":
         impl = {"coarse": "triton", "topk": "triton", "refine": "triton", "dense": "torch bf16 matmul"}
         ops = _path_ops(device, head, weight, hidden, draft, "triton")
+    elif int8_coarse(head) is not None:
+        impl = {"coarse": INT8X8, "topk": "torch.topk", "refine": "fp32 bmm", "dense": "torch bf16 matmul"}
+        ops = _path_ops(device, head, weight, hidden, draft, INT8X8)
     else:
         # Pick the coarse implementation by a quick measurement (one warm-up, one timed run each).
         for name in CPU_COARSE:
@@ -586,10 +614,16 @@ def main(
         "certified path's bytes at the dense head's measured bandwidth",
         f"random weights, seed {SEED}; K = {K}; per-row INT8 scales",
     ]
-    if device == "cpu":
+    if device == "cpu" and all(r["impl"]["coarse"] == INT8X8 for r in results):
+        notes.append(
+            "CPU coarse: int8x8 (head.cpu_coarse): hidden rows quantized to INT8 per row, torch._int_mm's exact "
+            "int32 sums, fp32 scales; U adds the activation error δ·ŵ, the fp32 roundings and the bounds' addmm"
+        )
+    elif device == "cpu":
         notes.append(
             "CPU coarse: the faster of torch._weight_int8pack_mm and bf16 tile-dequantize per shape "
-            "(candidates_ms); both round c to bf16, covered by an extra |c|·2^-8 in U"
+            "(candidates_ms; torch._int_mm was not exact here); both round c to bf16, covered by an extra |c|·2^-8 "
+            "in U"
         )
     machine = _device_info(device, load_start)
     if device == "cpu":

@@ -25,6 +25,7 @@ import torch
 
 from draftscope.core.errors import UserError
 from draftscope.head.certify import DEFAULT_K, NO_DRAFT, certify
+from draftscope.head.cpu_coarse import Int8Coarse
 from draftscope.head.policy import prefix_decision, rowwise_decision, verify_tokens
 from draftscope.head.quant import QuantizedHead
 
@@ -118,6 +119,9 @@ class CertifiedHead:
         self.capture = capture
         self.out_dtype = out_dtype or weight.dtype
         self.quantized = QuantizedHead.build(weight, group_size) if policy != "dense" else None
+        # On a CPU the coarse pass runs INT8 × INT8 (`cpu_coarse`) where that kernel is exact here.
+        q = self.quantized
+        self.int8 = Int8Coarse.build(q) if q is not None and Int8Coarse.available(q) else None
         self.counters = HeadCounters(weight.device, read_every)
         self.seconds = {"certify": 0.0, "dense": 0.0}
 
@@ -135,7 +139,8 @@ class CertifiedHead:
             return tokens
         started = time.perf_counter()
         assert self.quantized is not None
-        cert = certify(self.quantized, hidden, rows_draft, k=self.k, out_dtype=self.out_dtype)
+        bounds = self.int8.coarse(hidden) if self.int8 is not None else None
+        cert = certify(self.quantized, hidden, rows_draft, k=self.k, out_dtype=self.out_dtype, bounds=bounds)
         request = torch.zeros(n, dtype=torch.long, device=hidden.device)
         prefix = prefix_decision(cert.certified, cert.tokens, rows_draft, request, requests=1)
         rowwise = rowwise_decision(cert.certified, request, requests=1)
