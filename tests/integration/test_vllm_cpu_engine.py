@@ -198,6 +198,7 @@ def test_the_prefix_plugin_runs_the_cpu_path_in_the_cpu_engine(speculative):
     assert status["runner"] == "v1"  # vLLM's CPU engine 0.32 runs the V1 CPUModelRunner
     impl = status["implementation"]
     assert impl["name"] == "cpu" and impl["graph"] is False and "no CUDA device" in impl["reason"]
+    assert impl["coarse"] == "select.cpu_int8_coarse"  # INT8 × INT8, the pass head-bench times as int8x8
     assert status["startup_check"]["disagreements"] == 0
     counters = status["counters"]
     assert (

@@ -8,7 +8,8 @@
   graph cannot be (no conditional nodes: CUDA < 12.4, ROCm; or more rows than the largest bucket).
 - `cuda-reference`: the PyTorch reference stages (`serving.coarse_in_chunks`, `torch.topk`, `certify.refine`);
   chosen on CUDA only when Triton is missing.
-- `cpu`: the CPU coarse pass (`coarse_impl`) with the reference top-K and refine, one decision per step on the host.
+- `cpu`: the CPU coarse pass (`coarse_impl`: INT8 activations × INT8 weights, `cpu_coarse`) with the reference
+  top-K and refine, one decision per step on the host.
 
 Every choice other than `cuda-graph` carries `reason`: why the graph path was not chosen. The plugin writes the
 choice into its status (which the run's manifest carries).
@@ -29,6 +30,7 @@ import torch
 
 from draftscope.head import serving
 from draftscope.head.certify import Refine, TopK
+from draftscope.head.cpu_coarse import MAX_GROUP, Int8Coarse
 from draftscope.head.graph import BUCKETS, conditional_nodes_available
 from draftscope.head.quant import Coarse, QuantizedHead
 
@@ -86,9 +88,29 @@ def select(
 
 
 def coarse_impl(device: torch.device) -> CoarseFn:
-    """The coarse pass (logits, upper bounds U, A bounds) for `device` outside the Triton paths. The seam for a
-    faster CPU coarse pass: return it here for `device.type == "cpu"`."""
-    return serving.coarse_in_chunks
+    """The coarse pass (logits, upper bounds U, A bounds) for `device` outside the Triton paths: on a CPU the
+    INT8 × INT8 pass (`cpu_int8_coarse`), elsewhere the reference in vocabulary chunks."""
+    return cpu_int8_coarse if device.type == "cpu" else serving.coarse_in_chunks
+
+
+# One Int8Coarse per head (its tables cost a pass over the weights); the head is kept with it, so an id is never
+# reused for another head while its entry lives.
+_INT8: dict[int, tuple[QuantizedHead, Int8Coarse | None]] = {}
+
+
+def cpu_int8_coarse(head: QuantizedHead, hidden: torch.Tensor) -> Coarse:
+    """`cpu_coarse.Int8Coarse` (hidden rows quantized to INT8 too, torch's exact int8 GEMM, the activation error in
+    U), built once per head, where its probe finds the kernel exact on this CPU; the reference in vocabulary chunks
+    where it does not (a CPU without VNNI, a group wider than the int32 bound)."""
+    entry = _INT8.get(id(head))
+    if entry is None or entry[0] is not head:
+        usable = (
+            head.weight.device.type == "cpu" and head.group_size <= MAX_GROUP and Int8Coarse.available(head)
+        )
+        entry = (head, Int8Coarse.build(head) if usable else None)
+        _INT8[id(head)] = entry
+    built = entry[1]
+    return built.coarse(hidden) if built is not None else serving.coarse_in_chunks(head, hidden)
 
 
 def coarse_name(device: torch.device) -> str:

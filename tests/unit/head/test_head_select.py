@@ -58,12 +58,40 @@ def test_a_cpu_selects_the_cpu_coarse_pass_whatever_the_process_offers(monkeypat
     monkeypatch.setattr(select, "conditional_nodes_available", lambda: True)
     impl = select.select(serving.DeviceFacts(cuda=False), max_rows=16)
     assert impl.name == "cpu" and not impl.graph and impl.reason == select.NO_GPU
-    assert impl.coarse == "serving.coarse_in_chunks"
+    assert impl.coarse == "select.cpu_int8_coarse"
     stages = select.stages(impl, torch.device("cpu"))
     assert stages.coarse is select.coarse_impl(torch.device("cpu")) and stages.topk is stages.refine is None
     # With this process's real availability (monkeypatched): a described GPU gets the graph.
     assert select.select(H200, max_rows=16).name == "cuda-graph"
     print(json.dumps(impl.record()))
+
+
+def test_the_cpu_coarse_pass_is_int8_by_int8_built_once_per_head_and_its_bounds_hold():
+    """The plugin's CPU coarse pass is `cpu_coarse.Int8Coarse` (the pass head-bench times as int8x8) where its probe
+    finds torch's int8 GEMM exact here, built once per head; its upper bounds hold against float64 dot products."""
+    from draftscope.head.cpu_coarse import Int8Coarse
+    from draftscope.head.quant import QuantizedHead
+
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(300, 64, generator=gen)
+    head = QuantizedHead.build(weight, None)
+    hidden = torch.randn(5, 64, generator=gen) * 3
+    built = []
+    real_build = Int8Coarse.build
+    select._INT8.clear()
+    try:
+        Int8Coarse.build = classmethod(lambda cls, h, **kw: built.append(h) or real_build(h, **kw))  # type: ignore[method-assign]
+        first = select.cpu_int8_coarse(head, hidden)
+        second = select.cpu_int8_coarse(head, hidden[:1])
+    finally:
+        Int8Coarse.build = real_build  # type: ignore[method-assign]
+        select._INT8.clear()
+    exact = hidden.double() @ weight.double().T
+    assert bool((first.upper >= exact).all()) and bool((second.upper >= exact[:1]).all())
+    if Int8Coarse.available(head):
+        assert built == [head], "the INT8 × INT8 pass is built once for the head"
+    else:  # a CPU whose int8 GEMM failed the probe: the reference, never an unchecked kernel
+        assert built == []
 
 
 def test_the_triton_stages_are_the_kernels_head_bench_times():
