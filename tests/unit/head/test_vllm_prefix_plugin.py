@@ -390,7 +390,7 @@ def test_off_cuda_the_plugin_runs_the_cpu_path_and_says_why_not_the_graph(monkey
     assert status["state"] == "active", status["reason"]
     impl = status["implementation"]
     assert impl["name"] == "cpu" and impl["graph"] is False and impl["reason"] == select.NO_GPU
-    assert impl["coarse"] == "serving.coarse_in_chunks" and status["startup_check"]["disagreements"] == 0
+    assert impl["coarse"] == "select.cpu_int8_coarse" and status["startup_check"]["disagreements"] == 0
     out, stock = engine.step([(5, [10, 11, 99], [10, 11, 12, -1])])
     assert greedy(out, [10, 11, 99]) == greedy(stock, [10, 11, 99]) == (2, 12)
 
