@@ -2,13 +2,15 @@
 
 The stage picks the configured epoch of `checkpoints/` and passes the preset's and config's values the checkpoint
 must agree with (`expected_args`); the contracts themselves, the conversion and the re-read of the output are
-`checkpoint.py`. Output: `draft/config.json`, `draft/model.safetensors` and `draft/draftscope-convert.json`
+`checkpoint.py`; every field that decides what SGLang computes, paired with its training option, is `semantics.py`;
+the attention masks of both sides are compared layer by layer by `probe.py` before the folder is final. Output: `draft/config.json`, `draft/model.safetensors` and `draft/draftscope-convert.json`
 (schema `stage-convert`).
 """
 
 from __future__ import annotations
 
 from draftscope.pipeline.base import Artifact, Entry, Stage, StageContext, kit_argv, model_artifacts
+from draftscope.pipeline.stages import serve
 from draftscope.pipeline.stages.convert import checkpoint
 
 NAME = "convert"
@@ -30,6 +32,11 @@ def expected_args(ctx: StageContext) -> list[str]:
         str(preset.dflash.block_size),
         "--vocab-size",
         str(preset.architecture.vocab_size),
+        # the target's tokenizer names the mask token; the served context bounds the mask probe (probe.py)
+        "--model",
+        ctx.layout.model,
+        "--max-context",
+        str(serve.context_length(ctx)),
     ]
     if preset.dflash.mask_token_id is not None:
         args += ["--mask-token-id", str(preset.dflash.mask_token_id)]

@@ -19,8 +19,13 @@ collapse acceptance to about one token, so each rule is a check that refuses inc
 - The draft's full vocabulary, hidden size and layer count match the target and the preset; the weights file
   carries the modules SGLang loads (`fc`, `hidden_norm`, `norm`, every layer).
 
-The output is re-read and checked the way SGLang reads it (`sglang_view`), then described in
-`draft/draftscope-convert.json` (schema `stage-convert`). Pure Python: no torch.
+- Every field by which SGLang's draft classes decide what they compute (causality, window, mask token string,
+  heads, norms, rotary, embedding and head sharing, geometry) is written explicitly from the training config by
+  the semantic table (`semantics.py`), never left to SGLang's default, and compared after the re-read.
+
+The output is re-read and checked the way SGLang reads it (`sglang_view`, `semantics.check`); the in-container
+entry then runs the mask probe (`probe.py`: torch and speculators, in the train image) before the folder is final,
+and describes it in `draft/draftscope-convert.json` (schema `stage-convert`). This module itself: no torch.
 
 Over ~400 lines on purpose: every rule of the conversion sits beside the check that enforces it, so the whole
 contract with SGLang reads in one place.
@@ -33,14 +38,15 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, open_regular, parse_json, read_json, sha256_file
 from draftscope.core.schema import check
+from draftscope.pipeline.stages.convert import semantics
 
 REPORT = "draftscope-convert.json"
 WEIGHTS = "model.safetensors"
@@ -86,6 +92,7 @@ class Expected:
     hidden_size: int | None = None
     dflash2: Mapping[str, int] = field(default_factory=dict)
     dspark: Mapping[str, Any] = field(default_factory=dict)
+    vocab: Mapping[str, int] | None = None  # the target tokenizer's (token → id): names the mask token
 
 
 @dataclass
@@ -341,7 +348,22 @@ def sglang_config(config: Mapping[str, Any], expected: Expected) -> dict[str, An
     out["num_target_layers"] = expected.num_target_layers
     out["mask_token_id"] = int(config["mask_token_id"])
     out["sample_from_anchor"] = anchor
+    semantics.write(out, trained(config, expected))
     return out
+
+
+def trained(config: Mapping[str, Any], expected: Expected) -> semantics.Trained:
+    """The training side of the semantic table (`semantics.py`) for a checked speculators config."""
+    anchor = bool(config["sample_from_anchor"])
+    block = int(config["block_size"])
+    return semantics.Trained(
+        draft=expected.draft,
+        config=config,
+        architecture=ARCHITECTURES[expected.draft],
+        num_target_layers=expected.num_target_layers,
+        block_size=dspark_gamma(block, anchor) if expected.draft == "dspark" else block,
+        mask_token=semantics.resolve_mask_token(expected.vocab, int(config["mask_token_id"])),
+    )
 
 
 def sglang_view(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -413,6 +435,7 @@ def verify_output(
             "confidence_head_with_markov",
         ):
             c.require(key, expected.dspark[key], view[key])
+    semantics.check(written, trained(source_config, expected), c.require)
     checks.rows.extend({**row, "field": f"output:{row['field']}"} for row in c.rows)
     header = safetensors_header(folder / WEIGHTS)
     same = header == dict(tensors)
@@ -440,8 +463,15 @@ def pick_epoch(checkpoints: Path, epoch: str | int) -> Path:
     return chosen
 
 
-def convert(checkpoint: Path, output: Path, expected: Expected) -> dict[str, Any]:
-    """Check `checkpoint`, write the SGLang draft folder `output` (replaced whole), re-read and check it."""
+def convert(
+    checkpoint: Path,
+    output: Path,
+    expected: Expected,
+    probe: Callable[[Path, Mapping[str, Any]], list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Check `checkpoint`, write the SGLang draft folder `output` (replaced whole), re-read and check it; then
+    `probe(checkpoint, written config)` (the mask probe, `probe.py`) adds its rows or refuses, before `output`
+    exists."""
     config = read_config(checkpoint)
     tensors = safetensors_header(checkpoint / WEIGHTS)
     checks = check_checkpoint(config, tensors, expected, str(checkpoint / "config.json"))
@@ -455,6 +485,8 @@ def convert(checkpoint: Path, output: Path, expected: Expected) -> dict[str, Any
     )
     _link_or_copy(checkpoint / WEIGHTS, staging / WEIGHTS)
     verify_output(staging, expected, config, tensors, checks)
+    if probe is not None:
+        checks.rows.extend(probe(checkpoint, read_config(staging)))
     report = {
         "schema_version": 1,
         "draft": expected.draft,
@@ -496,6 +528,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-size", type=int, required=True)
     parser.add_argument("--mask-token-id", type=int, default=None)
     parser.add_argument("--hidden-size", type=int, default=None)
+    parser.add_argument(
+        "--model", default=None, help="the target folder (its tokenizer names the mask token)"
+    )
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="the longest context SGLang will serve (the mask probe's range)",
+    )
+    parser.add_argument(
+        "--no-mask-probe",
+        action="store_true",
+        help="skip the mask probe (it needs torch and speculators; the pipeline never passes this)",
+    )
     for key in DFLASH2_KEYS:
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
     parser.add_argument("--markov-rank", type=int, default=None)
@@ -539,9 +585,21 @@ def expected_from_args(args: argparse.Namespace) -> Expected:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     expected = expected_from_args(args)
+    if args.model:
+        expected = replace(expected, vocab=semantics.read_vocab(Path(args.model)))
     checkpoint = pick_epoch(Path(args.checkpoints), args.epoch)
-    report = convert(checkpoint, Path(args.output), expected)
-    return {"checks": len(report["checks"]), "epoch": int(checkpoint.name)}
+    probe = None
+    if not args.no_mask_probe:
+        from draftscope.pipeline.stages.convert import probe as mask_probe
+
+        max_context = args.max_context
+
+        def probe(source: Path, written: Mapping[str, Any]) -> list[dict[str, Any]]:
+            return mask_probe.run(source, written, max_context=max_context)
+
+    report = convert(checkpoint, Path(args.output), expected, probe=probe)
+    probed = sum(row["field"].startswith("probe:") for row in report["checks"])
+    return {"checks": len(report["checks"]), "epoch": int(checkpoint.name), "mask_probe_layers": probed}
 
 
 def checks_summary(rows: Sequence[Mapping[str, Any]]) -> str:
