@@ -9,8 +9,15 @@ the attention masks of both sides are compared layer by layer by `probe.py` befo
 
 from __future__ import annotations
 
-from draftscope.pipeline.base import Artifact, Entry, Stage, StageContext, kit_argv, model_artifacts
-from draftscope.pipeline.stages import serve
+from draftscope.pipeline.base import (
+    Artifact,
+    Entry,
+    Stage,
+    StageContext,
+    kit_argv,
+    model_artifacts,
+    served_context_length,
+)
 from draftscope.pipeline.stages.convert import checkpoint
 
 NAME = "convert"
@@ -36,7 +43,7 @@ def expected_args(ctx: StageContext) -> list[str]:
         "--model",
         ctx.layout.model,
         "--max-context",
-        str(serve.context_length(ctx)),
+        str(served_context_length(ctx)),
     ]
     if preset.dflash.mask_token_id is not None:
         args += ["--mask-token-id", str(preset.dflash.mask_token_id)]
@@ -83,6 +90,7 @@ def argv(ctx: StageContext) -> list[str]:
             "--output",
             ctx.layout.at("draft"),
             *expected_args(ctx),
+            *([] if ctx.config.convert.mask_probe else ["--no-mask-probe"]),
         ],
     )
 
@@ -99,6 +107,12 @@ def outputs(ctx: StageContext) -> list[Artifact]:
     ]
 
 
+def notes(ctx: StageContext) -> list[str]:
+    if ctx.config.convert.mask_probe:
+        return []
+    return ["convert.mask_probe=false: the training and serving attention masks were not compared"]
+
+
 STAGE = Stage(
     name=NAME,
     image="train",
@@ -108,6 +122,7 @@ STAGE = Stage(
     outputs=outputs,
     inputs=inputs,
     argv=argv,
+    notes=notes,
     entries=(
         Entry(NAME, "speculators checkpoint → SGLang draft", checkpoint.add_arguments, checkpoint.main),
     ),

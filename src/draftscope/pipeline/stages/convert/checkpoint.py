@@ -540,7 +540,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-mask-probe",
         action="store_true",
-        help="skip the mask probe (it needs torch and speculators; the pipeline never passes this)",
+        help="skip the mask probe (it needs torch and speculators): convert.mask_probe=false",
     )
     for key in DFLASH2_KEYS:
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
