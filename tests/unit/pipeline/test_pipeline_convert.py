@@ -86,6 +86,10 @@ def speculators_config(draft: str, **changes) -> dict:
             config.pop(key)
         else:
             config[key] = value
+    if isinstance(config.get("block_size"), int) and "speculators_config" not in changes:
+        # speculators: the whole block drafts when the anchor samples, all but the anchor otherwise
+        tokens = config["block_size"] - (0 if config.get("sample_from_anchor") else 1)
+        config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = tokens
     return config
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_pipeline_convert import TARGET_VOCAB, checkpoint, expected, write_tokenizer
+from test_pipeline_convert import _DROP, TARGET_VOCAB, checkpoint, expected, write_tokenizer
 
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.pipeline.config import DRAFTS
 from draftscope.pipeline.stages.convert import checkpoint as C
 from draftscope.pipeline.stages.convert import semantics as S
+from draftscope.pipeline.stages.convert import vllm_semantics as V
 
 
 def converted(tmp_path, draft: str, **changes) -> dict:
@@ -94,13 +95,31 @@ def test_a_field_that_must_stay_absent_is_refused(tmp_path, monkeypatch, name):
 
 
 def test_mixed_causality_cannot_be_written_explicitly_and_is_refused(tmp_path):
+    mixed = {"transformer_layer_config.layer_types": ["full_attention", "sliding_attention"]}
+    # vLLM's one dflash_config.causal (checked on the checkpoint first) cannot say it either
     with pytest.raises(UserError) as info:
-        converted(
-            tmp_path,
-            "dflash",
-            **{"transformer_layer_config.layer_types": ["full_attention", "sliding_attention"]},
-        )
+        converted(tmp_path, "dflash", **mixed)
+    assert (
+        info.value.field == "vllm:causality"
+        and "expected [False, True], found [True, True]" in info.value.render()
+    )
+    source = read_json(tmp_path / "checkpoints" / "0" / "config.json")
+    trained = C.trained(source, expected("dflash"))
+    with pytest.raises(UserError) as info:
+        S.write({}, trained)
     assert info.value.field == "is_causal" and "--full-attention-indices" in info.value.render()
+
+
+def test_vllm_reads_the_checkpoint_with_its_own_defaults(tmp_path):
+    """vLLM serves the speculators checkpoint itself: a missing sliding_window_non_causal would make it
+    bidirectional (its default) where speculators trained DFlash causal."""
+    with pytest.raises(UserError) as info:
+        converted(tmp_path, "dflash", sliding_window_non_causal=_DROP)
+    assert info.value.field == "vllm:sliding_window_non_causal"
+    source = read_json(tmp_path / "checkpoints" / "0" / "config.json")
+    assert V.vllm_causal_layers(source) == [False, False] and S.causal_layers(source) == [True, True]
+    dspark = read_json(checkpoint(tmp_path / "d", "dspark", sliding_window_non_causal=True) / "config.json")
+    assert V.vllm_causal_layers(dspark) == [True, True]  # its DSpark adapter ignores the flag
 
 
 def test_a_decoder_field_missing_from_training_is_refused(tmp_path):

@@ -46,7 +46,7 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, open_regular, parse_json, read_json, sha256_file
 from draftscope.core.schema import check
-from draftscope.pipeline.stages.convert import semantics
+from draftscope.pipeline.stages.convert import semantics, vllm_semantics
 
 REPORT = "draftscope-convert.json"
 WEIGHTS = "model.safetensors"
@@ -272,6 +272,7 @@ def check_checkpoint(
             ok=int(config.get("markov_rank") or 0) > 0,
             fix="SGLang refuses a DSpark draft without its Markov head",
         )
+    vllm_semantics.check(config, expected.draft, semantics.causal_layers(config), c.require)
     _check_weights(c, tensors, expected, layer)
     return c
 

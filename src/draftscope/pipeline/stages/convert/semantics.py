@@ -49,15 +49,24 @@ class Trained:
         return self.config["transformer_layer_config"]
 
     def layer_types(self) -> list[str]:
-        """speculators' per-layer kinds; without `layer_types` every layer is full attention (its DFlash model)."""
-        found = self.layer.get("layer_types")
-        return list(found) if found else ["full_attention"] * int(self.layer["num_hidden_layers"])
+        return layer_types(self.config)
 
     def causal_layers(self) -> list[bool]:
-        """speculators' `create_anchor_block_mask_mod`: full attention is always non-causal; a sliding layer is
-        causal inside its block unless trained with `sliding_window_non_causal`."""
-        non_causal = bool(self.config.get("sliding_window_non_causal"))
-        return [kind == "sliding_attention" and not non_causal for kind in self.layer_types()]
+        return causal_layers(self.config)
+
+
+def layer_types(config: Mapping[str, Any]) -> list[str]:
+    """speculators' per-layer kinds; without `layer_types` every layer is full attention (its DFlash model)."""
+    layer = config["transformer_layer_config"]
+    found = layer.get("layer_types")
+    return list(found) if found else ["full_attention"] * int(layer["num_hidden_layers"])
+
+
+def causal_layers(config: Mapping[str, Any]) -> list[bool]:
+    """speculators' `create_anchor_block_mask_mod`: full attention is always non-causal; a sliding layer is causal
+    inside its block unless trained with `sliding_window_non_causal`."""
+    non_causal = bool(config.get("sliding_window_non_causal"))
+    return [kind == "sliding_attention" and not non_causal for kind in layer_types(config)]
 
 
 def _is_causal(t: Trained) -> bool:
