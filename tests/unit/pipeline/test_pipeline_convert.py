@@ -17,6 +17,7 @@ from draftscope.pipeline.__main__ import main as pipeline_main
 from draftscope.pipeline.__main__ import parser as pipeline_parser
 from draftscope.pipeline.config import DRAFTS
 from draftscope.pipeline.stages.convert import checkpoint as C
+from draftscope.pipeline.stages.convert import entry
 
 HIDDEN, VOCAB, RANK = 64, 512, 8
 MASK_TOKEN = "<|mask|>"
@@ -402,7 +403,7 @@ def test_planned_convert_arguments_carry_the_presets_geometry(preset, draft):
 
     argv = list(stage_plan(build(preset, draft), "convert").step.argv)
     args = pipeline_parser().parse_args(argv[argv.index("convert") :])
-    exp = C.expected_from_args(args)
+    exp = entry.expected_from_args(args)
     model = load_model_preset(preset)
     assert exp.target_layer_ids == tuple(model.dflash.target_layer_ids)
     assert exp.block_size == model.dflash.block_size and exp.mask_token_id == model.dflash.mask_token_id

@@ -18,7 +18,7 @@ from draftscope.pipeline.base import (
     model_artifacts,
     served_context_length,
 )
-from draftscope.pipeline.stages.convert import checkpoint
+from draftscope.pipeline.stages.convert import checkpoint, entry
 
 NAME = "convert"
 
@@ -123,7 +123,5 @@ STAGE = Stage(
     inputs=inputs,
     argv=argv,
     notes=notes,
-    entries=(
-        Entry(NAME, "speculators checkpoint → SGLang draft", checkpoint.add_arguments, checkpoint.main),
-    ),
+    entries=(Entry(NAME, "speculators checkpoint → SGLang draft", entry.add_arguments, entry.main),),
 )

@@ -23,9 +23,10 @@ collapse acceptance to about one token, so each rule is a check that refuses inc
   heads, norms, rotary, embedding and head sharing, geometry) is written explicitly from the training config by
   the semantic table (`semantics.py`), never left to SGLang's default, and compared after the re-read.
 
-The output is re-read and checked the way SGLang reads it (`sglang_view`, `semantics.check`); the in-container
-entry then runs the mask probe (`probe.py`: torch and speculators, in the train image) before the folder is final,
-and describes it in `draft/draftscope-convert.json` (schema `stage-convert`). This module itself: no torch.
+The checkpoint is also checked the way vLLM reads it (`vllm_semantics.py`: vLLM serves it unconverted). The
+output is re-read and checked the way SGLang reads it (`sglang_view`, `semantics.check`); the in-container entry
+(`entry.py`) then runs the mask probe (`probe.py`: torch and speculators, in the train image) before the folder is
+final, and describes it in `draft/draftscope-convert.json` (schema `stage-convert`). This module itself: no torch.
 
 Over ~400 lines on purpose: every rule of the conversion sits beside the check that enforces it, so the whole
 contract with SGLang reads in one place.
@@ -33,13 +34,12 @@ contract with SGLang reads in one place.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import struct
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -512,96 +512,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
-
-
-# --- the in-container entry -----------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoints", required=True, help="speculators' --save-path")
-    parser.add_argument("--epoch", default="latest")
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--draft", required=True, choices=sorted(ARCHITECTURES))
-    parser.add_argument("--target-layer-ids", type=int, nargs="+", required=True)
-    parser.add_argument("--num-target-layers", type=int, required=True)
-    parser.add_argument("--num-draft-layers", type=int, required=True)
-    parser.add_argument("--block-size", type=int, required=True)
-    parser.add_argument("--vocab-size", type=int, required=True)
-    parser.add_argument("--mask-token-id", type=int, default=None)
-    parser.add_argument("--hidden-size", type=int, default=None)
-    parser.add_argument(
-        "--model", default=None, help="the target folder (its tokenizer names the mask token)"
-    )
-    parser.add_argument(
-        "--max-context",
-        type=int,
-        default=None,
-        help="the longest context SGLang will serve (the mask probe's range)",
-    )
-    parser.add_argument(
-        "--no-mask-probe",
-        action="store_true",
-        help="skip the mask probe (it needs torch and speculators): convert.mask_probe=false",
-    )
-    for key in DFLASH2_KEYS:
-        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
-    parser.add_argument("--markov-rank", type=int, default=None)
-    parser.add_argument("--markov-head-type", default=None)
-    for key in ("enable_confidence_head", "confidence_head_with_markov", "sample_from_anchor"):
-        parser.add_argument(f"--{key.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=None)
-
-
-def expected_from_args(args: argparse.Namespace) -> Expected:
-    dflash2 = {k: getattr(args, k) for k in DFLASH2_KEYS} if args.draft == "dflash2" else {}
-    dspark = (
-        {
-            k: getattr(args, k)
-            for k in (
-                "markov_rank",
-                "markov_head_type",
-                "enable_confidence_head",
-                "confidence_head_with_markov",
-                "sample_from_anchor",
-            )
-        }
-        if args.draft == "dspark"
-        else {}
-    )
-    missing = [k for k, v in {**dflash2, **dspark}.items() if v is None]
-    if missing:
-        raise UserError(f"missing expected values for {args.draft}: {', '.join(missing)}", field="convert")
-    return Expected(
-        draft=args.draft,
-        target_layer_ids=tuple(args.target_layer_ids),
-        num_target_layers=args.num_target_layers,
-        num_draft_layers=args.num_draft_layers,
-        block_size=args.block_size,
-        vocab_size=args.vocab_size,
-        mask_token_id=args.mask_token_id,
-        hidden_size=args.hidden_size,
-        dflash2=dflash2,
-        dspark=dspark,
-    )
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    expected = expected_from_args(args)
-    if args.model:
-        expected = replace(expected, vocab=semantics.read_vocab(Path(args.model)))
-    checkpoint = pick_epoch(Path(args.checkpoints), args.epoch)
-    probe = None
-    if not args.no_mask_probe:
-        from draftscope.pipeline.stages.convert import probe as mask_probe
-
-        max_context = args.max_context
-
-        def probe(source: Path, written: Mapping[str, Any]) -> list[dict[str, Any]]:
-            return mask_probe.run(source, written, max_context=max_context)
-
-    report = convert(checkpoint, Path(args.output), expected, probe=probe)
-    probed = sum(row["field"].startswith("probe:") for row in report["checks"])
-    return {"checks": len(report["checks"]), "epoch": int(checkpoint.name), "mask_probe_layers": probed}
-
-
-def checks_summary(rows: Sequence[Mapping[str, Any]]) -> str:
-    return f"{sum(r['ok'] for r in rows)}/{len(rows)} checks passed"
