@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 import pytest
 from releases import SGLANG_PLATFORM, SGLANG_VERSION, Release, pinned_release
@@ -204,8 +205,13 @@ def test_the_mask_token_rules(sglang):
 def test_sglang_loads_the_draft_config_with_the_transformers_the_probe_uses(sglang, speculators):
     """The probe loads the converted config with the train image's transformers: speculators 0.9.0 caps it at
     5.19.0, the version SGLang 0.5.23 pins (Qwen3Config drops sliding_window without use_sliding_window)."""
+    from draftscope.pipeline.stages.convert import probe
+
     requires = sglang._zip.read("sglang-0.5.23.dist-info/METADATA").decode()
-    assert "Requires-Dist: transformers==5.19.0" in requires
+    assert f"Requires-Dist: transformers=={probe.SGLANG_TRANSFORMERS}" in requires
+    assert "transformers<=5.19.0" in speculators._zip.read("speculators-0.9.0.dist-info/METADATA").decode()
+    lock = (Path(__file__).resolve().parents[2] / "images" / "train" / "requirements.lock").read_text()
+    assert f"\ntransformers=={probe.SGLANG_TRANSFORMERS} " in lock  # where convert (and its probe) runs
 
 
 def test_speculators_training_mask_is_what_the_probe_runs(speculators):

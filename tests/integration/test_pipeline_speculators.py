@@ -143,8 +143,9 @@ def check_semantics_and_mask_probe(workdir: Path, draft: str, converted: dict, r
     )
     assert converted["dflash_config"]["mask_token"] == "<|mask|>"  # id 3 of the kit's tokenizer
     rows = [r for r in report["checks"] if r["field"].startswith("probe:")]
-    assert [r["field"] for r in rows] == ["probe:layer0", "probe:layer1"] and all(r["ok"] for r in rows), rows
-    print(draft, rows[0]["found"])
+    assert [r["field"] for r in rows] == ["probe:config", "probe:layer0", "probe:layer1"], rows
+    assert all(r["ok"] for r in rows)
+    print(draft, rows[1]["found"])
     flipped = {**converted, "is_causal": not converted["is_causal"]}
     with pytest.raises(UserError) as info:
         probe.run(workdir / "checkpoints" / "0", flipped, max_context=128)

@@ -161,8 +161,15 @@ def test_a_mask_token_sglang_would_refuse_is_refused_now():
 
 def test_sglang_layer_rules_read_from_the_converted_config(tmp_path):
     probe = pytest.importorskip("draftscope.pipeline.stages.convert.probe")
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
     written = converted(tmp_path, "dflash2")
+    if transformers.__version__ != probe.SGLANG_TRANSFORMERS:  # the host's: the probe refuses to guess
+        with pytest.raises(UserError) as info:
+            probe.sglang_layers(written)
+        assert info.value.field == "transformers" and "train image" in info.value.render()
+        pytest.skip(
+            f"SGLang loads configs with transformers {probe.SGLANG_TRANSFORMERS}, not {transformers.__version__}"
+        )
     assert probe.sglang_layers(written) == [probe.LayerRule("sliding_attention", False, 2047)] * 2
     without = {k: v for k, v in written.items() if k != "is_causal"}
     assert {r.causal for r in probe.sglang_layers(without)} == {
@@ -170,6 +177,10 @@ def test_sglang_layer_rules_read_from_the_converted_config(tmp_path):
     }  # the silent default this issue is about
     with pytest.raises(UserError, match="sliding_window"):
         probe.sglang_layers({**written, "use_sliding_window": False})  # Qwen3Config drops the window
+    assert probe.check_loaded(written)["ok"]
+    with pytest.raises(UserError) as info:
+        probe.check_loaded({**written, "use_sliding_window": False})
+    assert info.value.field == "transformers:sliding_window"
 
 
 def test_sglang_mask_geometry():

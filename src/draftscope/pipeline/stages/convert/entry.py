@@ -104,7 +104,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     report = convert(checkpoint, Path(args.output), expected, probe=probe)
     probed = sum(row["field"].startswith("probe:") for row in report["checks"])
-    return {"checks": len(report["checks"]), "epoch": int(checkpoint.name), "mask_probe_layers": probed}
+    return {"checks": len(report["checks"]), "epoch": int(checkpoint.name), "mask_probe_checks": probed}
 
 
 def checks_summary(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -16,7 +16,8 @@ The serving side is this module's small re-implementation of SGLang 0.5.23's rul
   anchor first); FlashAttention's window (`flashattention_backend.py`): key k is visible to query q when
   `q - window_left <= k`, and `k <= q` on a causal layer (`k <= q + window_left` on a bidirectional sliding one).
 
-Contexts probed: the first few, both sides of every window edge, and the longest context served.
+Contexts probed: the first few, both sides of every window edge, and the longest context served. Before that, every
+field of the semantic table must read back unchanged from the config object transformers builds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
+from draftscope.pipeline.stages.convert import semantics
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,49 @@ class LayerRule:
     window_left: int  # -1: no window
 
 
+# SGLang 0.5.23 pins transformers==5.19.0 (the contract test reads its metadata); config classes normalise fields
+# differently across releases (5.24's Qwen3Config drops a top-level partial_rotary_factor, 5.19's keeps it).
+SGLANG_TRANSFORMERS = "5.19.0"
+
+
 def _load(config: Mapping[str, Any]) -> Any:
     """The config object SGLang's loader would hand the draft class (transformers' class for the model type)."""
+    import transformers
     from transformers import CONFIG_MAPPING
+
+    if transformers.__version__ != SGLANG_TRANSFORMERS:
+        raise UserError(
+            f"the probe loads the config as SGLang does, with transformers {SGLANG_TRANSFORMERS}; this environment "
+            f"has {transformers.__version__}",
+            field="transformers",
+            fix="run convert in the train image (its lock pins transformers 5.19.0)",
+        )
 
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
         raise UserError(f"transformers has no config class for {model_type!r}", field="model_type")
     return CONFIG_MAPPING[model_type].from_dict(dict(config))
+
+
+def check_loaded(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every top-level field of the semantic table reads back unchanged from the config object transformers builds
+    (a class that normalises a field, as Qwen3Config drops sliding_window without use_sliding_window, would
+    otherwise change what SGLang sees)."""
+    loaded = _load(config)
+    for name, value in config.items():
+        if name in semantics.BY_NAME and getattr(loaded, name, None) != value:
+            raise UserError(
+                f"written {value!r}, but {type(loaded).__name__} gives SGLang {getattr(loaded, name, None)!r}",
+                field=f"transformers:{name}",
+                fix="write the field in the form the config class keeps (see semantics.py)",
+            )
+    fields = sorted(n for n in config if n in semantics.BY_NAME)
+    return {
+        "field": "probe:config",
+        "expected": "read back unchanged",
+        "found": f"{len(fields)} fields",
+        "ok": True,
+    }
 
 
 def sglang_layers(config: Mapping[str, Any]) -> list[LayerRule]:
@@ -140,6 +177,7 @@ def run(
     the first differing query and key, both values and the fix."""
     import torch
 
+    loaded = check_loaded(written)
     model = speculators_model(checkpoint)
     rules = sglang_layers(written)
     block = int(model.block_size)
@@ -173,7 +211,7 @@ def run(
                     field=f"probe:layer{layer}",
                     fix=_fix(col < total, rule, trained_window, block, limit),
                 )
-    return [
+    return [loaded] + [
         {
             "field": f"probe:layer{layer}",
             "expected": "speculators' training mask",
