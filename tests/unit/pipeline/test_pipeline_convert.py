@@ -385,7 +385,7 @@ def test_the_in_container_command_converts_and_writes_its_result(tmp_path):
         "--enable-confidence-head",
         "--confidence-head-with-markov",
         "--sample-from-anchor",
-        "--model",
+        "--tokenizer",
         str(write_tokenizer(tmp_path / "target")),
         "--no-mask-probe",  # torch and speculators are not here: tests/integration probes the trained drafts
     ]

@@ -152,7 +152,7 @@ def test_a_mask_token_sglang_would_refuse_is_refused_now():
             {S.SPECULATORS_MASK_TOKEN: 5, "a": 0}, 7
         )  # SGLang: "conflicts with tokenizer vocab id"
     assert info.value.field == "mask_token"
-    with pytest.raises(UserError, match="--model"):
+    with pytest.raises(UserError, match="--tokenizer"):
         S.resolve_mask_token(None, 7)
 
 
@@ -194,3 +194,16 @@ def test_sglang_mask_geometry():
     assert causal.tolist()[2] == [False] * 4 + [True] + [False] * 4 + [True, True, True]
     both = probe.sglang_mask(torch, probe.LayerRule("full_attention", False, -1), context=5, block=3, total=9)
     assert all(row == [True] * 5 + [False] * 4 + [True] * 3 for row in both.tolist())
+
+
+def test_the_tiny_targets_tokenizer_folder_names_its_mask_token():
+    """The stage passes the tokenizer folder (the tiny preset's sits beside its target folder, not in it)."""
+    from draftscope.core.presets import load_model_preset
+    from draftscope.pipeline.base import host_model_paths
+    from draftscope.pipeline.config import load_pipeline_config
+
+    preset = load_model_preset("tiny")
+    model, tokenizer = host_model_paths(load_pipeline_config(draft="dflash2", preset="tiny"), preset)
+    assert not (model / "tokenizer.json").exists()
+    vocab = S.read_vocab(tokenizer)
+    assert S.resolve_mask_token(vocab, preset.dflash.mask_token_id) == "<|mask|>"

@@ -17,6 +17,7 @@ from draftscope.pipeline.base import (
     kit_argv,
     model_artifacts,
     served_context_length,
+    tokenizer_artifacts,
 )
 from draftscope.pipeline.stages.convert import checkpoint, entry
 
@@ -40,8 +41,8 @@ def expected_args(ctx: StageContext) -> list[str]:
         "--vocab-size",
         str(preset.architecture.vocab_size),
         # the target's tokenizer names the mask token; the served context bounds the mask probe (probe.py)
-        "--model",
-        ctx.layout.model,
+        "--tokenizer",
+        ctx.layout.tokenizer,
         "--max-context",
         str(served_context_length(ctx)),
     ]
@@ -96,7 +97,11 @@ def argv(ctx: StageContext) -> list[str]:
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:
-    return [Artifact("checkpoints", ctx.host("checkpoints"), kind="tree"), *model_artifacts(ctx)]
+    return [
+        Artifact("checkpoints", ctx.host("checkpoints"), kind="tree"),
+        *model_artifacts(ctx),
+        *tokenizer_artifacts(ctx),
+    ]
 
 
 def outputs(ctx: StageContext) -> list[Artifact]:

@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mask-token-id", type=int, default=None)
     parser.add_argument("--hidden-size", type=int, default=None)
     parser.add_argument(
-        "--model", default=None, help="the target folder (its tokenizer names the mask token)"
+        "--tokenizer",
+        default=None,
+        help="the target's tokenizer folder (its tokenizer.json names the mask token)",
     )
     parser.add_argument(
         "--max-context",
@@ -90,8 +92,8 @@ def expected_from_args(args: argparse.Namespace) -> Expected:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     expected = expected_from_args(args)
-    if args.model:
-        expected = replace(expected, vocab=semantics.read_vocab(Path(args.model)))
+    if args.tokenizer:
+        expected = replace(expected, vocab=semantics.read_vocab(Path(args.tokenizer)))
     checkpoint = pick_epoch(Path(args.checkpoints), args.epoch)
     probe = None
     if not args.no_mask_probe:

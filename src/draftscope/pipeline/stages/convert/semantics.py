@@ -308,7 +308,7 @@ def resolve_mask_token(vocab: Mapping[str, int] | None, mask_token_id: int) -> s
         raise UserError(
             "the target's tokenizer is needed to name the mask token",
             field="mask_token",
-            fix="pass --model <the target folder, with tokenizer.json>",
+            fix="pass --tokenizer <the target's tokenizer folder, with tokenizer.json>",
         )
     named = [token for token, i in vocab.items() if i == mask_token_id]
     if len(named) == 1:
@@ -329,7 +329,9 @@ def read_vocab(model: Path) -> dict[str, int]:
     from `tokenizer.json` without the tokenizers library."""
     path = model / "tokenizer.json"
     if not path.is_file():
-        raise UserError("no tokenizer.json in the target folder", source=str(model), field="mask_token")
+        raise UserError(
+            "no tokenizer.json in the target's tokenizer folder", source=str(model), field="mask_token"
+        )
     data = read_json(path, expect=dict)
     found = (data.get("model") or {}).get("vocab") or {}
     vocab = dict(found) if isinstance(found, dict) else {entry[0]: i for i, entry in enumerate(found)}
