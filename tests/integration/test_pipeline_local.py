@@ -88,6 +88,8 @@ def run(setup: Path, workdir: Path, *extra: str) -> subprocess.CompletedProcess:
         f"model_path={setup / 'model'}",
         "--opts",
         f"data.chat={setup / 'chat.jsonl'}",
+        "--opts",
+        "convert.mask_probe=false",  # a hand-written checkpoint, no speculators here: test_pipeline_speculators probes
         *extra,
     ]
     return subprocess.run(

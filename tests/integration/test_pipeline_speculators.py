@@ -123,9 +123,34 @@ def test_cpu_pipeline_with_real_speculators(setup, tmp_path, draft):
     assert (workdir / "checkpoints" / "0" / "train_command.txt").is_file()
     converted = read_json(workdir / "draft" / "config.json")
     assert converted["dflash_config"]["target_layer_ids"] == [1, 2]
-    assert problems(read_json(workdir / "draft" / "draftscope-convert.json"), "stage-convert") == []
+    report = read_json(workdir / "draft" / "draftscope-convert.json")
+    assert problems(report, "stage-convert") == []
+    check_semantics_and_mask_probe(workdir, draft, converted, report)
     again = run(setup, workdir, draft)
     assert again.returncode == 0 and again.stdout.count(": skipped") == len(STAGES.split(","))
+
+
+def check_semantics_and_mask_probe(workdir: Path, draft: str, converted: dict, report: dict) -> None:
+    """The trained draft's causality and mask token are written explicitly; the convert stage compared speculators'
+    training masks with SGLang's for every layer; a flipped is_causal fails that probe, naming the layer."""
+    from draftscope.core.errors import UserError
+    from draftscope.pipeline.stages.convert import probe
+
+    # DFlash2 trains its sliding layers bidirectional (--sliding-window-non-causal); DFlash and DSpark causal.
+    assert (
+        converted["is_causal"] is (draft != "dflash2")
+        and converted["layer_types"] == ["sliding_attention"] * 2
+    )
+    assert converted["dflash_config"]["mask_token"] == "<|mask|>"  # id 3 of the kit's tokenizer
+    rows = [r for r in report["checks"] if r["field"].startswith("probe:")]
+    assert [r["field"] for r in rows] == ["probe:config", "probe:layer0", "probe:layer1"], rows
+    assert all(r["ok"] for r in rows)
+    print(draft, rows[1]["found"])
+    flipped = {**converted, "is_causal": not converted["is_causal"]}
+    with pytest.raises(UserError) as info:
+        probe.run(workdir / "checkpoints" / "0", flipped, max_context=128)
+    assert info.value.field == "probe:layer0" and "block position" in info.value.render()
+    print(info.value.render())
 
 
 def test_hidden_states_load_through_speculators_dataset(setup, tmp_path):

@@ -206,6 +206,13 @@ def host_model_paths(config: PipelineConfig, preset: ModelPreset) -> tuple[Path,
     return Path(model), Path(tokenizer)
 
 
+def served_context_length(ctx: StageContext) -> int:
+    """The context SGLang serves the draft at (serve's `--context-length`; convert's mask probe covers it)."""
+    return (
+        ctx.config.serve.context_length or ctx.preset.serving.context_length or ctx.preset.training.seq_length
+    )
+
+
 def model_artifacts(ctx: StageContext) -> list[Artifact]:
     """What identifies the target for a stage's inputs: its config (weights are pinned by the revision in it path)."""
     model, _ = host_model_paths(ctx.config, ctx.preset)

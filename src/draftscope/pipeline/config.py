@@ -126,6 +126,7 @@ class TrainOptions:
 @dataclass(frozen=True)
 class ConvertOptions:
     checkpoint: str | int = "latest"
+    mask_probe: bool = True  # off only where torch and speculators cannot run (convert/probe.py)
 
 
 @dataclass(frozen=True)

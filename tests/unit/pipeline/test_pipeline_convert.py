@@ -17,8 +17,12 @@ from draftscope.pipeline.__main__ import main as pipeline_main
 from draftscope.pipeline.__main__ import parser as pipeline_parser
 from draftscope.pipeline.config import DRAFTS
 from draftscope.pipeline.stages.convert import checkpoint as C
+from draftscope.pipeline.stages.convert import entry
 
 HIDDEN, VOCAB, RANK = 64, 512, 8
+MASK_TOKEN = "<|mask|>"
+# The target tokenizer's vocabulary as convert reads it (tokenizer.json): the mask token is id 511.
+TARGET_VOCAB = {"<|endoftext|>": 0, "a": 1, MASK_TOKEN: 511}
 SPECULATORS_ARCH = {
     "dflash": "DFlashSpeculator",
     "dflash2": "DFlash2DraftModel",
@@ -45,6 +49,11 @@ def speculators_config(draft: str, **changes) -> dict:
             "layer_types": ["sliding_attention", "sliding_attention"],
             "sliding_window": 2048,
             "use_sliding_window": True,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-06,
+            "attention_bias": False,
+            "max_position_embeddings": 512,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
         },
         "draft_vocab_size": VOCAB,
         "block_size": 4,
@@ -78,6 +87,10 @@ def speculators_config(draft: str, **changes) -> dict:
             config.pop(key)
         else:
             config[key] = value
+    if isinstance(config.get("block_size"), int) and "speculators_config" not in changes:
+        # speculators: the whole block drafts when the anchor samples, all but the anchor otherwise
+        tokens = config["block_size"] - (0 if config.get("sample_from_anchor") else 1)
+        config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = tokens
     return config
 
 
@@ -115,6 +128,17 @@ def write_safetensors(path: Path, shapes: dict[str, list[int]]) -> None:
     path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(offset))
 
 
+def write_tokenizer(folder: Path) -> Path:
+    """A target folder whose tokenizer.json holds TARGET_VOCAB (the model's vocabulary, the mask token added)."""
+    folder.mkdir(parents=True)
+    model = {k: v for k, v in TARGET_VOCAB.items() if k != MASK_TOKEN}
+    added = [{"id": TARGET_VOCAB[MASK_TOKEN], "content": MASK_TOKEN, "special": True}]
+    (folder / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "BPE", "vocab": model}, "added_tokens": added})
+    )
+    return folder
+
+
 def checkpoint(root: Path, draft: str, epoch: int = 0, shapes=None, **changes) -> Path:
     folder = root / "checkpoints" / str(epoch)
     folder.mkdir(parents=True)
@@ -145,6 +169,7 @@ def expected(draft: str, **changes) -> C.Expected:
         }
         if draft == "dspark"
         else {},
+        vocab=TARGET_VOCAB,
     )
     values.update(changes)
     return C.Expected(**values)
@@ -187,7 +212,9 @@ def test_dflash_block_and_anchor(tmp_path):
     C.convert(checkpoint(tmp_path, "dflash"), tmp_path / "draft", expected("dflash"))
     written = read_json(tmp_path / "draft" / "config.json")
     assert written["block_size"] == written["dflash_config"]["block_size"] == 4
-    assert written["sample_from_anchor"] is False and "selector_rank" not in written["dflash_config"]
+    assert (
+        written["sample_from_anchor"] is False and written["dflash_config"]["selector_rank"] == 0
+    )  # no selector
 
 
 def test_dflash2_carries_selector_and_conv_fields_in_dflash_config(tmp_path):
@@ -358,6 +385,9 @@ def test_the_in_container_command_converts_and_writes_its_result(tmp_path):
         "--enable-confidence-head",
         "--confidence-head-with-markov",
         "--sample-from-anchor",
+        "--tokenizer",
+        str(write_tokenizer(tmp_path / "target")),
+        "--no-mask-probe",  # torch and speculators are not here: tests/integration probes the trained drafts
     ]
     assert pipeline_main(argv) == 0
     done = read_json(result)
@@ -373,7 +403,7 @@ def test_planned_convert_arguments_carry_the_presets_geometry(preset, draft):
 
     argv = list(stage_plan(build(preset, draft), "convert").step.argv)
     args = pipeline_parser().parse_args(argv[argv.index("convert") :])
-    exp = C.expected_from_args(args)
+    exp = entry.expected_from_args(args)
     model = load_model_preset(preset)
     assert exp.target_layer_ids == tuple(model.dflash.target_layer_ids)
     assert exp.block_size == model.dflash.block_size and exp.mask_token_id == model.dflash.mask_token_id

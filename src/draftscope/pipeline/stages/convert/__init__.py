@@ -2,14 +2,24 @@
 
 The stage picks the configured epoch of `checkpoints/` and passes the preset's and config's values the checkpoint
 must agree with (`expected_args`); the contracts themselves, the conversion and the re-read of the output are
-`checkpoint.py`. Output: `draft/config.json`, `draft/model.safetensors` and `draft/draftscope-convert.json`
+`checkpoint.py`; every field that decides what SGLang computes, paired with its training option, is `semantics.py`;
+the attention masks of both sides are compared layer by layer by `probe.py` before the folder is final. Output: `draft/config.json`, `draft/model.safetensors` and `draft/draftscope-convert.json`
 (schema `stage-convert`).
 """
 
 from __future__ import annotations
 
-from draftscope.pipeline.base import Artifact, Entry, Stage, StageContext, kit_argv, model_artifacts
-from draftscope.pipeline.stages.convert import checkpoint
+from draftscope.pipeline.base import (
+    Artifact,
+    Entry,
+    Stage,
+    StageContext,
+    kit_argv,
+    model_artifacts,
+    served_context_length,
+    tokenizer_artifacts,
+)
+from draftscope.pipeline.stages.convert import checkpoint, entry
 
 NAME = "convert"
 
@@ -30,6 +40,11 @@ def expected_args(ctx: StageContext) -> list[str]:
         str(preset.dflash.block_size),
         "--vocab-size",
         str(preset.architecture.vocab_size),
+        # the target's tokenizer names the mask token; the served context bounds the mask probe (probe.py)
+        "--tokenizer",
+        ctx.layout.tokenizer,
+        "--max-context",
+        str(served_context_length(ctx)),
     ]
     if preset.dflash.mask_token_id is not None:
         args += ["--mask-token-id", str(preset.dflash.mask_token_id)]
@@ -76,12 +91,17 @@ def argv(ctx: StageContext) -> list[str]:
             "--output",
             ctx.layout.at("draft"),
             *expected_args(ctx),
+            *([] if ctx.config.convert.mask_probe else ["--no-mask-probe"]),
         ],
     )
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:
-    return [Artifact("checkpoints", ctx.host("checkpoints"), kind="tree"), *model_artifacts(ctx)]
+    return [
+        Artifact("checkpoints", ctx.host("checkpoints"), kind="tree"),
+        *model_artifacts(ctx),
+        *tokenizer_artifacts(ctx),
+    ]
 
 
 def outputs(ctx: StageContext) -> list[Artifact]:
@@ -90,6 +110,12 @@ def outputs(ctx: StageContext) -> list[Artifact]:
         Artifact("weights", ctx.host("draft", checkpoint.WEIGHTS)),
         Artifact("report", ctx.host("draft", checkpoint.REPORT), schema="stage-convert"),
     ]
+
+
+def notes(ctx: StageContext) -> list[str]:
+    if ctx.config.convert.mask_probe:
+        return []
+    return ["convert.mask_probe=false: the training and serving attention masks were not compared"]
 
 
 STAGE = Stage(
@@ -101,7 +127,6 @@ STAGE = Stage(
     outputs=outputs,
     inputs=inputs,
     argv=argv,
-    entries=(
-        Entry(NAME, "speculators checkpoint → SGLang draft", checkpoint.add_arguments, checkpoint.main),
-    ),
+    notes=notes,
+    entries=(Entry(NAME, "speculators checkpoint → SGLang draft", entry.add_arguments, entry.main),),
 )

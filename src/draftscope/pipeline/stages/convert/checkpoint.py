@@ -19,8 +19,14 @@ collapse acceptance to about one token, so each rule is a check that refuses inc
 - The draft's full vocabulary, hidden size and layer count match the target and the preset; the weights file
   carries the modules SGLang loads (`fc`, `hidden_norm`, `norm`, every layer).
 
-The output is re-read and checked the way SGLang reads it (`sglang_view`), then described in
-`draft/draftscope-convert.json` (schema `stage-convert`). Pure Python: no torch.
+- Every field by which SGLang's draft classes decide what they compute (causality, window, mask token string,
+  heads, norms, rotary, embedding and head sharing, geometry) is written explicitly from the training config by
+  the semantic table (`semantics.py`), never left to SGLang's default, and compared after the re-read.
+
+The checkpoint is also checked the way vLLM reads it (`vllm_semantics.py`: vLLM serves it unconverted). The
+output is re-read and checked the way SGLang reads it (`sglang_view`, `semantics.check`); the in-container entry
+(`entry.py`) then runs the mask probe (`probe.py`: torch and speculators, in the train image) before the folder is
+final, and describes it in `draft/draftscope-convert.json` (schema `stage-convert`). This module itself: no torch.
 
 Over ~400 lines on purpose: every rule of the conversion sits beside the check that enforces it, so the whole
 contract with SGLang reads in one place.
@@ -28,12 +34,11 @@ contract with SGLang reads in one place.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,7 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, open_regular, parse_json, read_json, sha256_file
 from draftscope.core.schema import check
+from draftscope.pipeline.stages.convert import semantics, vllm_semantics
 
 REPORT = "draftscope-convert.json"
 WEIGHTS = "model.safetensors"
@@ -86,6 +92,7 @@ class Expected:
     hidden_size: int | None = None
     dflash2: Mapping[str, int] = field(default_factory=dict)
     dspark: Mapping[str, Any] = field(default_factory=dict)
+    vocab: Mapping[str, int] | None = None  # the target tokenizer's (token → id): names the mask token
 
 
 @dataclass
@@ -265,6 +272,7 @@ def check_checkpoint(
             ok=int(config.get("markov_rank") or 0) > 0,
             fix="SGLang refuses a DSpark draft without its Markov head",
         )
+    vllm_semantics.check(config, expected.draft, semantics.causal_layers(config), c.require)
     _check_weights(c, tensors, expected, layer)
     return c
 
@@ -341,7 +349,22 @@ def sglang_config(config: Mapping[str, Any], expected: Expected) -> dict[str, An
     out["num_target_layers"] = expected.num_target_layers
     out["mask_token_id"] = int(config["mask_token_id"])
     out["sample_from_anchor"] = anchor
+    semantics.write(out, trained(config, expected))
     return out
+
+
+def trained(config: Mapping[str, Any], expected: Expected) -> semantics.Trained:
+    """The training side of the semantic table (`semantics.py`) for a checked speculators config."""
+    anchor = bool(config["sample_from_anchor"])
+    block = int(config["block_size"])
+    return semantics.Trained(
+        draft=expected.draft,
+        config=config,
+        architecture=ARCHITECTURES[expected.draft],
+        num_target_layers=expected.num_target_layers,
+        block_size=dspark_gamma(block, anchor) if expected.draft == "dspark" else block,
+        mask_token=semantics.resolve_mask_token(expected.vocab, int(config["mask_token_id"])),
+    )
 
 
 def sglang_view(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -413,6 +436,7 @@ def verify_output(
             "confidence_head_with_markov",
         ):
             c.require(key, expected.dspark[key], view[key])
+    semantics.check(written, trained(source_config, expected), c.require)
     checks.rows.extend({**row, "field": f"output:{row['field']}"} for row in c.rows)
     header = safetensors_header(folder / WEIGHTS)
     same = header == dict(tensors)
@@ -440,8 +464,15 @@ def pick_epoch(checkpoints: Path, epoch: str | int) -> Path:
     return chosen
 
 
-def convert(checkpoint: Path, output: Path, expected: Expected) -> dict[str, Any]:
-    """Check `checkpoint`, write the SGLang draft folder `output` (replaced whole), re-read and check it."""
+def convert(
+    checkpoint: Path,
+    output: Path,
+    expected: Expected,
+    probe: Callable[[Path, Mapping[str, Any]], list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Check `checkpoint`, write the SGLang draft folder `output` (replaced whole), re-read and check it; then
+    `probe(checkpoint, written config)` (the mask probe, `probe.py`) adds its rows or refuses, before `output`
+    exists."""
     config = read_config(checkpoint)
     tensors = safetensors_header(checkpoint / WEIGHTS)
     checks = check_checkpoint(config, tensors, expected, str(checkpoint / "config.json"))
@@ -455,6 +486,8 @@ def convert(checkpoint: Path, output: Path, expected: Expected) -> dict[str, Any
     )
     _link_or_copy(checkpoint / WEIGHTS, staging / WEIGHTS)
     verify_output(staging, expected, config, tensors, checks)
+    if probe is not None:
+        checks.rows.extend(probe(checkpoint, read_config(staging)))
     report = {
         "schema_version": 1,
         "draft": expected.draft,
@@ -479,70 +512,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
-
-
-# --- the in-container entry -----------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoints", required=True, help="speculators' --save-path")
-    parser.add_argument("--epoch", default="latest")
-    parser.add_argument("--output", required=True)
-    parser.add_argument("--draft", required=True, choices=sorted(ARCHITECTURES))
-    parser.add_argument("--target-layer-ids", type=int, nargs="+", required=True)
-    parser.add_argument("--num-target-layers", type=int, required=True)
-    parser.add_argument("--num-draft-layers", type=int, required=True)
-    parser.add_argument("--block-size", type=int, required=True)
-    parser.add_argument("--vocab-size", type=int, required=True)
-    parser.add_argument("--mask-token-id", type=int, default=None)
-    parser.add_argument("--hidden-size", type=int, default=None)
-    for key in DFLASH2_KEYS:
-        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None)
-    parser.add_argument("--markov-rank", type=int, default=None)
-    parser.add_argument("--markov-head-type", default=None)
-    for key in ("enable_confidence_head", "confidence_head_with_markov", "sample_from_anchor"):
-        parser.add_argument(f"--{key.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=None)
-
-
-def expected_from_args(args: argparse.Namespace) -> Expected:
-    dflash2 = {k: getattr(args, k) for k in DFLASH2_KEYS} if args.draft == "dflash2" else {}
-    dspark = (
-        {
-            k: getattr(args, k)
-            for k in (
-                "markov_rank",
-                "markov_head_type",
-                "enable_confidence_head",
-                "confidence_head_with_markov",
-                "sample_from_anchor",
-            )
-        }
-        if args.draft == "dspark"
-        else {}
-    )
-    missing = [k for k, v in {**dflash2, **dspark}.items() if v is None]
-    if missing:
-        raise UserError(f"missing expected values for {args.draft}: {', '.join(missing)}", field="convert")
-    return Expected(
-        draft=args.draft,
-        target_layer_ids=tuple(args.target_layer_ids),
-        num_target_layers=args.num_target_layers,
-        num_draft_layers=args.num_draft_layers,
-        block_size=args.block_size,
-        vocab_size=args.vocab_size,
-        mask_token_id=args.mask_token_id,
-        hidden_size=args.hidden_size,
-        dflash2=dflash2,
-        dspark=dspark,
-    )
-
-
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    expected = expected_from_args(args)
-    checkpoint = pick_epoch(Path(args.checkpoints), args.epoch)
-    report = convert(checkpoint, Path(args.output), expected)
-    return {"checks": len(report["checks"]), "epoch": int(checkpoint.name)}
-
-
-def checks_summary(rows: Sequence[Mapping[str, Any]]) -> str:
-    return f"{sum(r['ok'] for r in rows)}/{len(rows)} checks passed"

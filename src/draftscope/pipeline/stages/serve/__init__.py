@@ -23,6 +23,7 @@ from draftscope.pipeline.base import (
     kit_argv,
     model_artifacts,
     resolve_instances,
+    served_context_length,
 )
 from draftscope.pipeline.stages.convert.checkpoint import dspark_gamma
 from draftscope.pipeline.stages.serve import runner
@@ -48,12 +49,6 @@ def draft_tokens(ctx: StageContext) -> int:
     return block
 
 
-def context_length(ctx: StageContext) -> int:
-    return (
-        ctx.config.serve.context_length or ctx.preset.serving.context_length or ctx.preset.training.seq_length
-    )
-
-
 def sglang_command(ctx: StageContext, inst) -> Command:
     opts = ctx.config.serve
     argv = [
@@ -72,7 +67,7 @@ def sglang_command(ctx: StageContext, inst) -> Command:
         "--mem-fraction-static",
         str(opts.mem_fraction_static),
         "--context-length",
-        str(context_length(ctx)),
+        str(served_context_length(ctx)),
         "--max-running-requests",
         str(opts.max_running_requests),
         "--disable-radix-cache",
