@@ -30,6 +30,7 @@ from draftscope.pipeline.base import (
     offline_env,
     run_mount,
     scripts_dir,
+    served_context_length,
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
 from draftscope.runtime import Context
@@ -238,7 +239,25 @@ def plan_notes(ctx: StageContext) -> list[str]:
         notes.append(f"preset '{preset.name}' is untested end to end: {preset.status.notes}".rstrip(": "))
     if "chat" not in ctx.inputs:
         notes.append("data.chat is not set: a real run of regen or pretokenize refuses to start")
+    if window_note := sliding_window_note(ctx):
+        notes.append(window_note)
     return notes
+
+
+def sliding_window_note(ctx: StageContext) -> str | None:
+    """Said before training, what convert's mask probe refuses after it: speculators' sliding window counts W
+    context tokens back from the anchor, SGLang's W - 1 keys back from each query, so the served masks equal the
+    trained ones only up to a context of W - B + 1 (convert/probe.py, docs/integration-bugs.md bug 4)."""
+    window, block = ctx.config.train.sliding_window, ctx.preset.dflash.block_size
+    served = served_context_length(ctx)
+    limit = window - block + 1
+    if served <= limit:
+        return None
+    return (
+        f"convert's mask probe will refuse this draft: served context {served} > {limit} (train.sliding_window "
+        f"{window} - block size {block} + 1), where SGLang's sliding window parts from the trained one; train with "
+        f"train.sliding_window >= {served + block - 1} or serve with serve.context_length <= {limit}"
+    )
 
 
 def dry_run_lines(plan: PipelinePlan, runtime) -> list[str]:

@@ -500,3 +500,23 @@ def test_regen_server_choices_are_checked(monkeypatch, tmp_path):
         regen.check_inputs(local.context)
     message = info.value.render()
     assert "vLLM is not installed" in message and "make train-env" in message and "regen.server" in message
+
+
+def test_the_plan_says_before_training_when_convert_s_mask_probe_will_refuse_the_window():
+    """speculators' window counts back from the anchor, SGLang's from each query: served contexts above
+    W - B + 1 part (convert/probe.py). The plan says so, with both fixes, before anything trains."""
+    preset = load_model_preset("qwen38-27b")
+    block = preset.dflash.block_size
+    served = preset.serving.context_length or preset.training.seq_length
+    window = served - block  # one short of covering the served context
+    note = next(n for n in build(opts=[f"train.sliding_window={window}"]).notes if "mask probe" in n)
+    assert f"served context {served} > {window - block + 1}" in note
+    assert (
+        f"train.sliding_window >= {served + block - 1}" in note
+        and f"serve.context_length <= {window - block + 1}" in note
+    )
+    covered = [f"train.sliding_window={served + block - 1}"]
+    assert not [n for n in build(opts=covered).notes if "mask probe" in n]
+    short = [f"serve.context_length={window - block + 1}", f"train.sliding_window={window}"]
+    assert not [n for n in build(opts=short).notes if "mask probe" in n]
+    assert not [n for n in build(preset="tiny").notes if "mask probe" in n]
