@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -67,6 +68,17 @@ def clients_of(commands: Sequence[Command]) -> list[Command]:
 
 def url_of(command: Command) -> str:
     return f"http://{HOST}:{command.port}"
+
+
+def port_answers(port: int | None, timeout: float = 0.5) -> bool:
+    """Whether something accepts connections on this host's `port` (None: a command without one)."""
+    if port is None:
+        return False
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def process_argv(argv: Sequence[str]) -> list[str]:
@@ -211,6 +223,17 @@ class ServerGroup:
 
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
+        for index, command in enumerate(self.commands):
+            # A server that cannot bind exits, but another process answering on its port would pass the health
+            # wait and serve the stage's rows from whatever model it holds: refused before any server starts.
+            if port_answers(command.port):
+                raise UserError(
+                    f"port {command.port} is in use: another process answers there, and {command.name}'s rows "
+                    "would come from it",
+                    field=f"{self.stage}.instances[{index}].port",
+                    value=command.port,
+                    fix=f"stop that process, or set {self.stage}.base_port (or the instance's port) to a free port",
+                )
         for command in self.commands:
             log = self.logs / f"{self.stage}.{command.name}.log"
             with log.open("ab") as out:

@@ -67,6 +67,25 @@ def test_a_server_that_exits_early_fails_with_its_log(tmp_path):
         pass
 
 
+def test_a_port_another_process_answers_on_is_refused_before_anything_starts(tmp_path):
+    """Another server on the port would pass the health wait and serve the rows from its own model."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        taken = Command("server-1", (sys.executable, "-c", SERVER, str(port), "200", "0"), port=port)
+        group = S.ServerGroup(
+            [server("server-0"), taken], logs=tmp_path, stage="regen", startup_timeout=30, say=quiet
+        )
+        with pytest.raises(UserError) as refused, group:
+            pass
+    text = str(refused.value)
+    assert (
+        "regen.instances[1].port" in text and f"port {port} is in use" in text and "regen.base_port" in text
+    )
+    assert group.running == [] and not list(tmp_path.glob("regen.*.log"))  # no server was started
+
+
 def test_a_server_never_healthy_times_out_and_is_stopped(tmp_path):
     sick = server("server-0", status=503)
     started = time.monotonic()
