@@ -23,6 +23,7 @@ validation loss and top-1 probability, and the path of `report.html`. Everything
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -62,6 +63,13 @@ class Demo:
 
     def run_dir(self, name: str) -> Path:
         return self.root / name
+
+
+def free_loopback_port() -> int:
+    """A port nothing listens on now, as the kernel hands out for an ephemeral bind."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def invoke(*args: str) -> list[str]:
@@ -124,6 +132,12 @@ def plan_steps(demo: Demo) -> list[Step]:
                 "regen,pretokenize,prepare,hsextract,train,convert",
                 "--workdir",
                 str(r("pipeline")),
+                # Loopback ports free when the demo starts, not the stages' defaults: a server another pipeline
+                # left on a default port is refused by the stage (`servers.port_answers`), never talked to.
+                "--opts",
+                f"regen.base_port={free_loopback_port()}",
+                "--opts",
+                f"hsextract.base_port={free_loopback_port()}",
             ),
             python=demo.train_python,
         ),
