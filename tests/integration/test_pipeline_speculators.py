@@ -203,6 +203,7 @@ def test_hidden_states_load_through_speculators_dataset(setup, tmp_path):
 TINY_STAGES = "regen,pretokenize,prepare,hsextract,train,convert"
 
 
+@pytest.mark.timeout(900)  # its own bound is 15 minutes (below); pytest's default 300 s is for single stages
 def test_tiny_preset_end_to_end_with_no_input_then_every_stage_skips(tmp_path):
     """The acceptance run: the kit-built tiny target regenerates the example chat rows behind its loopback server,
     then pretokenize → prepare → hsextract → train (real speculators, CPU shim) → convert, with no option at all."""
