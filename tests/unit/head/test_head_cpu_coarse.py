@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from test_head_property import (  # noqa: E402
     argmax_lowest,
+    assert_certified_rows_match,
+    assert_verification_matches,
     bf16,
     blocked,
     draft_tokens,
@@ -35,7 +37,6 @@ from test_head_property import (  # noqa: E402
 
 from draftscope.head.certify import NO_DRAFT, certify  # noqa: E402
 from draftscope.head.cpu_coarse import MAX_GROUP, Int8Coarse, padded, probe, probe_qlinear  # noqa: E402
-from draftscope.head.policy import prefix_decision, rowwise_decision, verify_tokens  # noqa: E402
 from draftscope.head.quant import QuantizedHead  # noqa: E402
 
 CASES = 2000
@@ -137,21 +138,8 @@ def test_int8_bounds_hold_and_certified_tokens_match_every_order(
         draft = draft_tokens(rng, h @ w.T, k, kinds)
     rows_draft = torch.tensor([*draft.tolist(), NO_DRAFT])
     cert = certify(head, hidden_t, rows_draft, k=k, out_dtype=torch_dtype, bounds=bounds)
-    tokens = cert.tokens.numpy()
-    for i in np.flatnonzero(cert.certified.numpy()):
-        assert finite[i]
-        for o, d in enumerate(dense):
-            assert tokens[i] == d[i], f"row {i}: certified {tokens[i]}, order {o} gives {d[i]}"
-
-    request = torch.zeros(rows, dtype=torch.long)
-    expected = {verify_tokens(d.tolist(), draft.tolist()) for d in dense}
-    for decision in (
-        prefix_decision(cert.certified, cert.tokens, rows_draft, request),
-        rowwise_decision(cert.certified, request),
-    ):
-        if not bool(decision.need_dense):
-            assert len(expected) == 1
-            assert verify_tokens(tokens.tolist(), draft.tolist()) in expected
+    assert_certified_rows_match(cert, dense, finite)
+    assert_verification_matches(cert, dense, draft, rows_draft)
 
 
 def test_int8_pass_still_certifies_a_peaked_distribution():

@@ -14,7 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_head_property import argmax_lowest, dense_outputs, draft_tokens, make_case  # noqa: E402
+from test_head_property import (  # noqa: E402
+    argmax_lowest,
+    assert_certified_rows_match,
+    dense_outputs,
+    draft_tokens,
+    make_case,
+)
 
 from draftscope.head.certify import NO_DRAFT, certify  # noqa: E402
 from draftscope.head.quant import QuantizedHead, coarse  # noqa: E402
@@ -62,10 +68,7 @@ def test_int4_bounds_hold_and_certified_tokens_match_every_order(
     draft = draft_tokens(rng, exact, k, kinds)
     cert = certify(head, hidden_t, torch.tensor([*draft.tolist(), NO_DRAFT]), k=k, bounds=bounds)
     dense = [argmax_lowest(r) for r in dense_outputs(h, w)]
-    for i in np.flatnonzero(cert.certified.numpy()):
-        assert finite[i]
-        for o, d in enumerate(dense):
-            assert int(cert.tokens[i]) == d[i], f"row {i}: certified {int(cert.tokens[i])}, order {o}: {d[i]}"
+    assert_certified_rows_match(cert, dense, finite)
 
 
 def test_int4_is_looser_than_int8_yet_still_certifies_a_peaked_row():

@@ -168,16 +168,25 @@ def test_certified_tokens_and_verification_match_every_accumulation_order(
     hidden_t = torch.from_numpy(h).to(torch.bfloat16)
     rows_draft = torch.tensor([*draft.tolist(), NO_DRAFT])
     cert = certify(head, hidden_t, rows_draft, k=k, out_dtype=torch.bfloat16)
-    certified = cert.certified.numpy()
-    tokens = cert.tokens.numpy()
     dense = [argmax_lowest(r) for r in outputs]
 
-    for i in np.flatnonzero(certified):
-        assert np.isfinite(h[i]).all()
+    assert_certified_rows_match(cert, dense, np.isfinite(h).all(axis=1))
+    assert_verification_matches(cert, dense, draft, rows_draft)
+
+
+def assert_certified_rows_match(cert, dense: list[np.ndarray], finite: np.ndarray) -> None:
+    """Every certified row is finite and its token is the dense argmax under every accumulation order."""
+    tokens = cert.tokens.numpy()
+    for i in np.flatnonzero(cert.certified.numpy()):
+        assert finite[i]
         for o, d in enumerate(dense):
             assert tokens[i] == d[i], f"row {i}: certified {tokens[i]}, order {o} gives {d[i]}"
 
-    request = torch.zeros(rows, dtype=torch.long)
+
+def assert_verification_matches(cert, dense: list[np.ndarray], draft: np.ndarray, rows_draft) -> None:
+    """Where neither decision asks for a dense pass, every order verifies the draft alike, and so do the tokens."""
+    tokens = cert.tokens.numpy()
+    request = torch.zeros(len(cert.tokens), dtype=torch.long)
     expected = {verify_tokens(d.tolist(), draft.tolist()) for d in dense}
     for decision in (
         prefix_decision(cert.certified, cert.tokens, rows_draft, request),
