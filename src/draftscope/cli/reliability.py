@@ -12,7 +12,7 @@ from typing import Any
 
 from invoke import Exit
 
-from draftscope.cli.command import command
+from draftscope.cli.command import command, parse_int
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.resources import repo_root
@@ -25,9 +25,10 @@ from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figu
     help={
         "seed": f"seed for the random kill points (default {DEFAULT_SEED}, or ${SEED_ENV})",
         "pytest_args": "extra pytest arguments, e.g. '-x' or '-k benchmark'",
+        "workers": "pytest-xdist workers, a test file each at a time (0: one process); their tallies are merged",
     }
 )
-def reliability(c, seed=None, pytest_args=""):
+def reliability(c, seed=None, pytest_args="", workers=2):
     """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus and generated hostile values for
     every option of every command, search outputs for a planted secret; print faults injected/survived, bad inputs
     tried/refused (named and generated apart), records lost, torn lines, secrets found."""
@@ -35,6 +36,7 @@ def reliability(c, seed=None, pytest_args=""):
     if root is None or not (root / "tests" / "reliability").is_dir():
         raise UserError("the reliability suite lives in the kit's checkout", fix="run it from a git checkout")
     chosen = seed_from_env() if seed is None else _seed(seed)
+    spread = parse_int(workers, "--workers", minimum=0, maximum=64)
     with tempfile.TemporaryDirectory(prefix="draftscope-reliability-") as tmp:
         out = Path(tmp) / "figures.json"
         env = {**os.environ, FIGURES_ENV: str(out), SEED_ENV: str(chosen)}
@@ -48,6 +50,7 @@ def reliability(c, seed=None, pytest_args=""):
             "-q",
             "-p",
             "no:cacheprovider",
+            *(["-n", str(spread), "--dist", "loadfile"] if spread else []),
             *shlex.split(pytest_args),
         ]
         print(f"reliability suite, seed {chosen}: {shlex.join(argv[1:])}", flush=True)

@@ -245,3 +245,20 @@ class Figures:
 
     def write(self, path: Path) -> None:
         atomic_write_json(Path(path), self.to_dict())
+
+    @classmethod
+    def merged(cls, parts: list[Figures]) -> Figures:
+        """One tally from several (pytest-xdist workers each keep their own): every list joined, the counts summed.
+        The parts must share one seed: a run's kill points are drawn from it."""
+        seeds = {p.seed for p in parts}
+        if len(seeds) > 1:
+            raise ValueError(f"tallies of different seeds cannot be merged: {sorted(map(str, seeds))}")
+        out = cls(seed=next(iter(seeds), None))
+        for part in parts:
+            out.faults += part.faults
+            out.reruns += part.reruns
+            out.bad_inputs += part.bad_inputs
+            out.generated += part.generated
+            out.secret_hits += part.secret_hits
+            out.files_searched += part.files_searched
+        return out

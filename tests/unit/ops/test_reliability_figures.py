@@ -74,3 +74,28 @@ def test_generated_cases_survive_the_json_round_trip(tmp_path):
     assert back.generated == f.generated
     assert back.generated_counts()["traceback"] == 1
     assert Figures.from_dict({}).generated == []  # figures written before generated cases existed
+
+
+def test_worker_tallies_merge_into_the_whole_one():
+    whole = full(secret_hits=0, files_searched=7)
+    with whole.fault("train", "lost one") as fault:
+        fault.lose(1)
+    with whole.rerun("regen", "resume") as rerun:
+        rerun.tear(2)
+    # split every list at a different point, as two xdist workers would
+    halves = [Figures(seed=1), Figures(seed=1)]
+    for name in ("faults", "reruns", "bad_inputs", "generated"):
+        items = getattr(whole, name)
+        cut = len(items) // 3
+        setattr(halves[0], name, items[:cut])
+        setattr(halves[1], name, items[cut:])
+    halves[0].files_searched, halves[1].files_searched = 3, 4
+    merged = Figures.merged([Figures.from_dict(h.to_dict()) for h in halves])
+    assert merged.lines() == whole.lines()
+    assert merged.shortfalls() == whole.shortfalls() != []
+    assert Figures.merged([]).lines() == Figures().lines()
+
+
+def test_tallies_of_different_seeds_are_not_merged():
+    with pytest.raises(ValueError, match="different seeds"):
+        Figures.merged([Figures(seed=1), Figures(seed=2)])
