@@ -99,6 +99,7 @@ KINDS: dict[str, str] = {
             "nodes",
             "target_steps",
             "draft_steps",
+            "workers",
         ),
         NUMBER,
     ),
@@ -453,6 +454,10 @@ def _alarm(seconds: float) -> Iterator[None]:
             )
 
 
+def _bounded(seconds: float | None) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if seconds is None else _alarm(seconds)
+
+
 @contextlib.contextmanager
 def _gated() -> Iterator[None]:
     """subprocess and the GATES raise ReachedWork instead of starting work."""
@@ -520,14 +525,18 @@ WARM = ("benchmark", "pipeline", "validate", "compare", "share", "head-study", "
 
 
 def warm(world: World) -> None:
-    """Run the baselines of the tasks whose first run imports much (numpy, matplotlib and its font cache, the
-    stage registry), outside any judged case: a cold import is not a hang."""
+    """Run the baselines of the tasks whose first run imports much (numpy, scipy, matplotlib and its font cache,
+    the stage registry), outside any judged case and with no time bound: a cold import is not a hang, and an import
+    cut short by the bound would leave a half-made module behind for every later case (a loaded machine once took
+    over 10 s to import scipy.stats)."""
     for task in WARM:
-        run_case(world, task, None, ())
+        run_case(world, task, None, (), bound=None)
     world.counter = 0
 
 
-def run_case(world: World, task: str, option: str | None, given: tuple[str, ...]) -> Case:
+def run_case(
+    world: World, task: str, option: str | None, given: tuple[str, ...], *, bound: float | None = BOUND_S
+) -> Case:
     world.counter += 1
     sandbox = world.cases / f"c{world.counter}"
     sandbox.mkdir()
@@ -551,7 +560,7 @@ def run_case(world: World, task: str, option: str | None, given: tuple[str, ...]
     os.chdir(cwd)
     sys.argv = ["draftscope", *case.argv]
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _gated(), _alarm(BOUND_S):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _gated(), _bounded(bound):
             DraftscopeProgram(namespace=ns, name="draftscope", binary="draftscope").run(sys.argv)
         case.code, case.outcome = 0, "accepted"
     except SystemExit as exc:

@@ -46,9 +46,7 @@ def world(tmp_path_factory) -> F.World:
     run, run2 = make_run(fixtures / "run-a"), make_run(fixtures / "run-b", seed=1, speed=0.9)
     prompts = fixtures / "prompts.json"
     prompts.write_bytes((ROOT / "examples" / "prompts.json").read_bytes())
-    # Import what the tasks import lazily once, outside the per-case bound.
-    for task in ("benchmark", "pipeline", "validate", "compare", "share", "head-study", "analyze"):
-        F.run_case(F.World(fixtures, tmp_path_factory.mktemp("warm"), run, run2, prompts), task, None, ())
+    F.warm(F.World(fixtures, tmp_path_factory.mktemp("warm"), run, run2, prompts))  # lazy imports, unbounded
     return F.World(fixtures, tmp_path_factory.mktemp("fuzz-cases"), run, run2, prompts)
 
 
