@@ -59,7 +59,7 @@ def list_(c, json=False):
         "description": "a description to record in the file",
     },
 )
-def import_(c, file, format=None, output=None, name=None, description=""):
+def import_(c, file, output=None, format=None, name=None, description=""):
     """Convert an original question file into a prompt file (first turn of each question; provenance recorded)."""
     if format is None:
         raise UserError(
