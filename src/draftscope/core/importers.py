@@ -30,7 +30,6 @@ from draftscope.core.reading import parse_json, read_bytes
 from draftscope.core.schema import check
 
 FORMATS = ("mt-bench", "spec-bench", "speed-bench")
-TURNS = ("first",)
 # SPEED-Bench's published rows hold this text where a turn must be fetched from another dataset first.
 SPEED_PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE USING SPECDEC_BENCH"
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -51,6 +50,13 @@ def convert(fmt: str, path: Path, *, name: str, description: str = "") -> dict[s
     """The prompt file (a dict in the kit's prompts format) for the original file `path` in format `fmt`, with its
     `source`: format, file name, the original bytes' SHA-256, the turn mapping and the later turns dropped."""
     check_format(fmt)
+    if not _ID.match(name):
+        raise UserError(
+            "not a prompt-set name",
+            field="--name",
+            value=name,
+            fix="use lower-case letters, digits, '.', '_' and '-', starting with a letter or digit (at most 64)",
+        )
     path = Path(path)
     raw = read_bytes(path)
     rows = (

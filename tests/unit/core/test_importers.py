@@ -144,6 +144,9 @@ def test_empty_file_unknown_format_and_bad_ids_are_refused(tmp_path):
         importers.convert("mt-bench", _write(tmp_path, ""), name="x")
     with pytest.raises(UserError, match="one of: mt-bench, spec-bench, speed-bench"):
         importers.check_format("sharegpt")
+    with pytest.raises(UserError, match="not a prompt-set name") as caught:
+        importers.convert("mt-bench", FIXTURES / "mt_bench_question.jsonl", name="MT Bench")
+    assert caught.value.field == "--name"
     row = {"question_id": "-" + "x" * 70, "category": "qa", "turns": ["a"]}
     with pytest.raises(UserError, match="prompt id"):
         importers.convert("speed-bench", _write(tmp_path, json.dumps(row)), name="x")
