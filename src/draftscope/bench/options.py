@@ -14,7 +14,7 @@ from typing import Any
 
 from draftscope.bench import backends, supervisor
 from draftscope.bench import slurm as slurm_benchmark
-from draftscope.bench.plan import plan_benchmark
+from draftscope.bench.plan import plan_benchmark, prompt_overrides
 from draftscope.core.errors import Interrupted, UserError
 from draftscope.core.presets import ExperimentConfig, load_experiment
 from draftscope.execute.slurm.options import check_names, executor_flags
@@ -40,6 +40,8 @@ def experiment_config(
     experimental_prefix: bool = False,
     preset: str | None = None,
     prompts: str | None = None,
+    dataset: str | None = None,
+    max_prompts: Number = None,
     max_seconds: Number = None,
     repeats: Number = None,
     warmups: Number = None,
@@ -68,7 +70,7 @@ def experiment_config(
     overrides: dict[str, Any] = {
         "backend": backend,
         "model_preset": preset,
-        "prompts": prompts,
+        **prompt_overrides(prompts, dataset, max_prompts),
         "repeats": _int(repeats, "--repeats"),
         "warmups": _int(warmups, "--warmups"),
         "max_seconds": _num(max_seconds, "--max-seconds"),

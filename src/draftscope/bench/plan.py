@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from draftscope.bench import backends
 from draftscope.bench.backends import Backend
+from draftscope.core import datasets
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
 from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir
@@ -54,7 +55,12 @@ class Download:
 class Prompts:
     path: str
     sha256: str
-    count: int
+    count: int  # the prompts a run uses (the first `max_prompts` of the file)
+    total: int = 0  # the prompts in the file
+    source: dict[str, Any] | None = (
+        None  # the file's `source` (invoke datasets.import): format, commit, licence
+    )
+    dataset: str | None = None  # the shipped set it is (--dataset)
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class Plan:
         return to_dict(self)
 
 
-def load_prompts(path: str) -> Prompts:
+def load_prompts(path: str, limit: int | None = None) -> Prompts:
     resolved = resolve_path(path)
     if not resolved.exists():
         raise UserError(
@@ -99,7 +105,52 @@ def load_prompts(path: str) -> Prompts:
             field="prompts[].id",
             fix="give every prompt a unique id",
         )
-    return Prompts(str(resolved), hashlib.sha256(raw).hexdigest(), len(ids))
+    count = len(datasets.selected(ids, limit))
+    return Prompts(str(resolved), hashlib.sha256(raw).hexdigest(), count, len(ids), data.get("source"))
+
+
+def prompt_overrides(
+    prompts: str | None, dataset: str | None, max_prompts: str | int | None
+) -> dict[str, Any]:
+    """`--prompts`, `--dataset` (a shipped set, whose file becomes `prompts`) and `--max-prompts` as config
+    overrides; `--prompts` and `--dataset` both name the prompts, so only one may be given."""
+    if prompts is not None and dataset is not None:
+        raise UserError(
+            "--prompts and --dataset both name the prompt file",
+            field="--dataset",
+            value=dataset,
+            fix=f"drop --prompts to run the shipped set '{dataset}', or drop --dataset to run {prompts}",
+        )
+    limit = None
+    if max_prompts is not None:
+        try:
+            limit = int(str(max_prompts).strip())
+        except ValueError:
+            raise UserError("expected an integer", field="--max-prompts", value=max_prompts) from None
+        if limit < 1:
+            raise UserError("must be at least 1", field="--max-prompts", value=max_prompts, fix="give N >= 1")
+    given: dict[str, Any] = {"prompts": prompts, "max_prompts": limit}
+    if dataset is not None:
+        given |= {"dataset": dataset, "prompts": str(datasets.shipped(dataset).path)}
+    return given
+
+
+def prompts_for(config: ExperimentConfig) -> Prompts:
+    """The prompt file a run uses: the shipped set `dataset` names (its pinned SHA-256 checked), else `prompts`.
+    With both (a reproduction points `prompts` at the run's copy), the file must be the set's, byte for byte."""
+    if config.dataset is None:
+        return load_prompts(config.prompts, config.max_prompts)
+    shipped = datasets.shipped(config.dataset)
+    default = config.prompts == ExperimentConfig.__dataclass_fields__["prompts"].default
+    prompts = load_prompts(str(shipped.path) if default else config.prompts, config.max_prompts)
+    if prompts.sha256 != shipped.sha256:
+        raise UserError(
+            f"the prompt file is not the shipped set '{config.dataset}' (its SHA-256 differs)",
+            source=prompts.path,
+            field="prompts",
+            fix="give --dataset alone or --prompts alone",
+        )
+    return replace(prompts, dataset=config.dataset)
 
 
 def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
@@ -110,7 +161,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
     preset = load_model_preset(config.model_preset)
     target = resolve_target(config, preset)
     draft = resolve_draft(config, preset)
-    prompts = load_prompts(config.prompts)
+    prompts = prompts_for(config)
     run_dir = output or f"runs/{config.name}-<timestamp>"
     cache = hub_cache_dir()
     notes: list[str] = []

@@ -23,6 +23,7 @@ from draftscope.bench.stopping import expired, signal_words, stop_leftover_step,
 from draftscope.bench.worker import FAILPOINT
 from draftscope.core import hardware
 from draftscope.core.config import to_dict
+from draftscope.core.datasets import selected
 from draftscope.core.errors import UserError
 from draftscope.core.hub import is_pinned
 from draftscope.core.jsonio import read_json
@@ -124,7 +125,7 @@ def run_benchmark(
             kind=kind,
             config=to_dict(config),
             argv=argv,
-            inputs=[InputFile("prompts", Path(plan.prompts.path), plan.prompts.sha256)],
+            inputs=[InputFile("prompts", Path(plan.prompts.path), plan.prompts.sha256, plan.prompts.source)],
             software={"host": versions()},
         )
         supervision = run.supervision
@@ -288,7 +289,8 @@ def _summarize_and_close(run: RunDir, plan: Plan, outcome: Outcome) -> dict[str,
         run.update(hardware=facts.get("hardware"), software=software)
     records = read_records(run.path)
     # The run's own copy: the user's file may have been edited or deleted since the run began.
-    prompt_ids = [p["id"] for p in read_json(run.input_copy("prompts"))["prompts"]]
+    prompts = read_json(run.input_copy("prompts"))["prompts"]
+    prompt_ids = [p["id"] for p in selected(prompts, plan.experiment.max_prompts)]
     expected = len(prompt_ids) * plan.experiment.repeats
     if outcome.ok and len(records) != expected:
         # Exit code 0 is not enough: the worker must have written every record.

@@ -20,6 +20,7 @@ from draftscope.bench import backends
 from draftscope.bench.backends import Backend
 from draftscope.bench.backends.common import decode_tok_s, prompt_sha256
 from draftscope.core.config import build
+from draftscope.core.datasets import selected
 from draftscope.core.errors import UserError
 from draftscope.core.hardware import gpus_from_nvml
 from draftscope.core.jsonio import atomic_write_json, read_json, sha256_file
@@ -41,7 +42,7 @@ def load_run_inputs(run_dir: Path) -> tuple[ExperimentConfig, list[dict[str, Any
     copy = run_dir / "inputs" / Path(entry["path"]).name
     if sha256_file(copy) != entry["sha256"]:
         raise UserError("the prompt file changed since the run was created", source=str(copy))
-    return config, read_json(copy)["prompts"]
+    return config, selected(read_json(copy)["prompts"], config.max_prompts)
 
 
 def hardware(device: str, spec: Backend) -> dict[str, Any]:

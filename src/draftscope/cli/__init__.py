@@ -8,6 +8,7 @@ from invoke import Collection
 from draftscope.cli import (
     analysis,
     bench,
+    datasets,
     demo,
     doctor,
     head,
@@ -33,6 +34,7 @@ ns = Collection(
     analysis.ns_evidence,
     tiny.ns_tiny,
     images.ns_images,
+    datasets.ns_datasets,
 )
 
 

@@ -11,7 +11,7 @@ from invoke import Exit
 
 from draftscope.bench.backends import BACKENDS
 from draftscope.bench.overhead import measure, report_lines
-from draftscope.bench.plan import load_prompts, plan_benchmark
+from draftscope.bench.plan import load_prompts, plan_benchmark, prompt_overrides
 from draftscope.cli.command import command, parse_int
 from draftscope.cli.render import console, plan_lines, preset_table, print_json, yaml_text
 from draftscope.core import presets as P
@@ -27,14 +27,17 @@ DEFAULT_EXPERIMENTS = ("transformers-baseline", "vllm-int4-dflash2", "vllm-int4-
     help={
         "experiment": "experiment preset to plan (repeatable; default: the baseline, INT4 + DFlash2, and prefix)",
         "prompts": "prompt file (JSON, see schemas/prompts.schema.json)",
+        "dataset": "a prompt set the kit ships, instead of --prompts (invoke datasets lists them)",
+        "max_prompts": "only the first N prompts of the file, in file order",
         "opts": "override a config field, key=value (repeatable), e.g. repeats=3",
         "json": "print the plan as JSON",
     },
 )
-def plan(c, experiment=None, prompts=None, opts=None, json=False):
+def plan(c, experiment=None, prompts=None, dataset=None, max_prompts=None, opts=None, json=False):
     """Print the experiment plan: backends, images, model + revision, prompts + hash, repeats, limits, downloads."""
     names = experiment or list(DEFAULT_EXPERIMENTS)
-    plans = [plan_benchmark(load_experiment(n, {"prompts": prompts}, opts or ())) for n in names]
+    overrides = prompt_overrides(prompts, dataset, max_prompts)
+    plans = [plan_benchmark(load_experiment(n, overrides, opts or ())) for n in names]
     if json:
         print_json([p.to_dict() for p in plans])
         return
@@ -70,6 +73,8 @@ def presets(c, show=None):
         "engine loads it and records why it stays off)",
         "preset": "model preset (invoke presets)",
         "prompts": "prompt file (JSON)",
+        "dataset": "a prompt set the kit ships, instead of --prompts (invoke datasets lists them)",
+        "max_prompts": "only the first N prompts of the file, in file order (recorded in the config)",
         "output": "run directory to create (must not exist)",
         "max_seconds": "hard wall-clock limit, loading, compilation and warm-ups included",
         "repeats": "repeats of every prompt",
@@ -107,6 +112,8 @@ def benchmark(
     experimental_prefix=False,
     preset=None,
     prompts=None,
+    dataset=None,
+    max_prompts=None,
     output=None,
     max_seconds=None,
     repeats=None,
@@ -145,6 +152,8 @@ def benchmark(
         experimental_prefix=experimental_prefix,
         preset=preset,
         prompts=prompts,
+        dataset=dataset,
+        max_prompts=max_prompts,
         max_seconds=max_seconds,
         repeats=repeats,
         warmups=warmups,

@@ -97,7 +97,7 @@ def plan_lines(plan: Plan, image_ref) -> list[str]:
         spec = plan.backend.draft_detail(p)
         lines.append(f"  draft: {plan.draft.display()}{spec}")
     lines += [
-        f"  prompts: {plan.prompts.path} ({plan.prompts.count} prompts, sha256 {plan.prompts.sha256})",
+        f"  prompts: {plan.prompts.path} ({prompt_count(plan.prompts)}, sha256 {plan.prompts.sha256})",
         f"  repeats {e.repeats}, warm-ups {e.warmups}, max new tokens {e.max_new_tokens}"
         + (f", fixed tokens {e.fixed_tokens}" if e.fixed_tokens else "")
         + f"; time limit {e.max_seconds:g} s (loading and warm-ups included)",
@@ -118,3 +118,18 @@ def print_json(obj: Any) -> None:
     """JSON on stdout, indented, keys in their given order; what JSON cannot hold (paths, times) as text."""
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=str)
     print()
+
+
+def prompt_count(prompts: Any) -> str:
+    """'12 prompts', or 'first 3 of 80 prompts'; with the shipped set's name and its upstream commit if any."""
+    text = (
+        f"{prompts.count} prompts"
+        if prompts.count == prompts.total
+        else f"first {prompts.count} of {prompts.total} prompts"
+    )
+    source = prompts.source or {}
+    if prompts.dataset:
+        text += f"; dataset {prompts.dataset}"
+    if source.get("commit"):
+        text += f" from {source.get('repository')} @ {source['commit'][:12]}, {source.get('licence')}"
+    return text

@@ -218,6 +218,8 @@ class ExperimentConfig:
     int4_dflash: bool = False
     experimental_prefix: bool = False
     prompts: str = "examples/prompts.json"
+    dataset: str | None = None  # a shipped prompt set (core/datasets.py): its file replaces `prompts`
+    max_prompts: int | None = None  # the first N prompts only, in file order
     repeats: int = 5
     warmups: int = 1
     max_seconds: float = 600.0

@@ -65,6 +65,7 @@ class InputFile:
     sha256: str | None = (
         None  # the hash of the content checked before the run (a file edited since is refused)
     )
+    source: Mapping[str, Any] | None = None  # where a prompt set comes from (its file's `source`), recorded
 
 
 def describe_input(item: InputFile) -> dict[str, Any]:
@@ -79,7 +80,10 @@ def describe_input(item: InputFile) -> dict[str, Any]:
             value=str(path),
             fix="start the run again once the file is no longer being edited",
         )
-    return {"name": item.name, "path": str(path), "sha256": digest, "bytes": path.stat().st_size}
+    described = {"name": item.name, "path": str(path), "sha256": digest, "bytes": path.stat().st_size}
+    if item.source is not None:
+        described["source"] = dict(item.source)
+    return described
 
 
 def check_run_name(path: Path) -> None:
