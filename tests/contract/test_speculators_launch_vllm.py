@@ -1,17 +1,18 @@
 """Contract: hidden-state extraction and regeneration servers — speculators' `scripts/launch_vllm.py`, the vLLM 0.33.0
 flags behind it and behind `vllm serve`, and torchrun's launcher flags.
 
-`launch_vllm.py` is not in the speculators wheel: the train image clones the repository (images/train/Dockerfile,
-tag v0.9.0, commit not yet pinned). The test reads a verbatim copy vendored at `SCRIPTS_COMMIT`
-(`tests/fixtures/upstream/speculators/scripts/launch_vllm.py`; origin, licence and why this commit in
-`tests/fixtures/upstream/README.md`), checked by its git blob hash, so it never needs the network. vLLM is read from
-its pinned wheel. Nothing is imported.
+`launch_vllm.py` is not in the speculators wheel: the train image installs a verbatim copy vendored at
+`SCRIPTS_COMMIT` (`images/train/speculators/scripts/launch_vllm.py`; origin, licence and why this commit in
+`images/train/speculators/README.md`). The test reads that very file, checked by its git blob hash, so it never needs
+the network, and checks that the image's pins name the same commit and blob. vLLM is read from its pinned wheel.
+Nothing is imported.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from releases import Release, ReleaseUnavailable, release_wheel
 
 from draftscope.bench.backends.vllm.backend import PINNED_VERSION as VLLM_VERSION
 from draftscope.core.presets import load_model_preset, model_preset_names
+from draftscope.ops.images import dockerfile_args
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
@@ -32,8 +34,8 @@ LAUNCH_VLLM_BLOB = (
     "4898bfb7c1d4dd9761bf8676f2cf112dfa0a1c54"  # `git rev-parse <commit>:scripts/launch_vllm.py`
 )
 ROOT = Path(__file__).resolve().parent.parent.parent
-UPSTREAM = ROOT / "tests" / "fixtures" / "upstream"
-LAUNCH_VLLM = UPSTREAM / "speculators" / "scripts" / "launch_vllm.py"
+VENDORED = ROOT / "images" / "train" / "speculators"
+LAUNCH_VLLM = VENDORED / "scripts" / "launch_vllm.py"
 VLLM_PLATFORM = "manylinux_2_28_x86_64"
 
 
@@ -46,22 +48,23 @@ def launch_vllm() -> ast.Module:
     data = LAUNCH_VLLM.read_bytes()
     assert _git_blob(data) == LAUNCH_VLLM_BLOB, (
         f"{LAUNCH_VLLM} is not launch_vllm.py at {SCRIPTS_COMMIT} (git blob {_git_blob(data)}); vendor it again "
-        "as tests/fixtures/upstream/README.md says"
+        "as images/train/speculators/README.md says"
     )
     return ast.parse(data.decode("utf-8"))
 
 
 def test_the_vendored_script_is_the_one_the_train_image_uses_and_is_documented():
-    """The train image clones speculators at a tag whose commit is not pinned yet; once `invoke images.lock` pins
-    it (SPECULATORS_COMMIT), the vendored copy must come from that commit."""
-    dockerfile = (ROOT / "images" / "train" / "Dockerfile").read_text(encoding="utf-8")
-    pinned = re.search(r"^ARG SPECULATORS_COMMIT=(\S*)$", dockerfile, re.M)
-    assert pinned is not None, "images/train/Dockerfile declares no SPECULATORS_COMMIT"
-    assert pinned.group(1) in ("", SCRIPTS_COMMIT), (
-        f"the train image pins speculators {pinned.group(1)}, the vendored launch_vllm.py is from {SCRIPTS_COMMIT}:"
-        " vendor it again at the pinned commit (tests/fixtures/upstream/README.md)"
+    """The train image installs the vendored copy: its Dockerfile pins the same commit and blob (the build checks
+    the blob), the lock records the same commit, and the README's table names both."""
+    args = dockerfile_args((ROOT / "images" / "train" / "Dockerfile").read_text(encoding="utf-8"))
+    assert args.get("SPECULATORS_COMMIT") == SCRIPTS_COMMIT, (
+        f"the train image pins speculators {args.get('SPECULATORS_COMMIT')}, the vendored launch_vllm.py is from"
+        f" {SCRIPTS_COMMIT}: vendor it again at the pinned commit (images/train/speculators/README.md)"
     )
-    readme = (UPSTREAM / "README.md").read_text(encoding="utf-8")
+    assert args.get("LAUNCH_VLLM_BLOB") == LAUNCH_VLLM_BLOB == _git_blob(LAUNCH_VLLM.read_bytes())
+    lock = json.loads((ROOT / "images" / "images.lock.json").read_text(encoding="utf-8"))
+    assert lock["images"]["train"]["versions"]["speculators_commit"] == SCRIPTS_COMMIT
+    readme = (VENDORED / "README.md").read_text(encoding="utf-8")
     assert SCRIPTS_COMMIT in readme and LAUNCH_VLLM_BLOB in readme and "Apache-2.0" in readme
 
 

@@ -37,7 +37,7 @@ from support import ROOT, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 
-LAUNCH_VLLM = ROOT / "tests" / "fixtures" / "upstream" / "speculators" / "scripts" / "launch_vllm.py"
+LAUNCH_VLLM = ROOT / "images" / "train" / "speculators" / "scripts" / "launch_vllm.py"
 PIN_MEMORY_ERROR = (
     "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator is "
     "available on this system."

@@ -158,7 +158,8 @@ def list_(c, engine="docker", json=False):
     }
 )
 def lock(c, tool="buildx", check=False):
-    """Resolve every base's digest and the speculators release commit; rewrite images.lock.json and Dockerfiles.
+    """Resolve every base's digest (rewriting images.lock.json and the Dockerfiles) and check the speculators release
+    tag against the commit of the vendored scripts.
 
     Needs a machine that reaches the registries (and GitHub); run it after changing a base or a release.
     """
@@ -196,9 +197,13 @@ def lock(c, tool="buildx", check=False):
             fix="run `invoke images.lock` on a machine that reaches GitHub",
         )
     commit = I.parse_ls_remote(done.stdout, ref)
-    if commit != train["versions"].get("speculators_commit"):
-        changes.append(f"train: speculators {ref} -> {commit}")
-        train["versions"]["speculators_commit"] = commit
+    vendored = train["versions"].get("speculators_commit")
+    if commit != vendored:
+        # The scripts are vendored (images/train/speculators): a new commit means copying them again, not a new pin.
+        print(
+            f"train: speculators {ref} is commit {commit}; the vendored scripts are from {vendored}: vendor them"
+            " again at that commit (images/train/speculators/README.md)"
+        )
     for line in changes:
         print(line)
     if not changes:
@@ -212,8 +217,6 @@ def lock(c, tool="buildx", check=False):
         text = I.set_dockerfile_arg(
             dockerfile.read_text(encoding="utf-8"), "BASE_IMAGE", I.base_reference(data["images"][name])
         )
-        if name == "train":
-            text = I.set_dockerfile_arg(text, "SPECULATORS_COMMIT", commit)
         dockerfile.write_text(text, encoding="utf-8")
     path.write_text(_dumps(data) + "\n", encoding="utf-8")
     print(f"wrote {path.relative_to(root)} and the Dockerfiles' pins")
