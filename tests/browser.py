@@ -3,14 +3,13 @@ chromium-headless-shell). Without it the tests that need one are skipped locally
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 import zlib
 from pathlib import Path
 
-import pytest
+from support import unavailable
 
 BROWSER = "chromium-headless-shell"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files", "--hide-scrollbars")
@@ -20,10 +19,7 @@ def need_browser() -> str:
     """The browser's path; skips (fails under CI) without one."""
     found = shutil.which(BROWSER)
     if found is None:
-        message = f"no {BROWSER} on PATH (apt-get install -y {BROWSER})"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"no {BROWSER} on PATH (apt-get install -y {BROWSER})")
     return found
 
 

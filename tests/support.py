@@ -7,9 +7,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "vllm", "sglang", "speculators", "triton")
+
+
+def unavailable(message: str) -> NoReturn:
+    """A tier's prerequisite is missing here (an engine, root, Slurm, a browser): skip the test, but fail it under
+    CI (`$CI` set), where a missing prerequisite is a missing set-up step, never a pass."""
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def wall_bound(seconds: float) -> float:

@@ -17,6 +17,8 @@ import pytest
 
 from draftscope.ops import images as I
 
+from support import unavailable
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.contract
 
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.contract
 def _uv() -> str:
     found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
     if found is None:
-        pytest.skip("uv is not installed (pip install uv)")
+        unavailable("uv is not installed (pip install uv)")
     return found
 
 

@@ -27,6 +27,8 @@ from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
 
+from support import unavailable
+
 pytestmark = pytest.mark.contract
 
 SCRIPTS_COMMIT = "c05b95b303f7d4f21e8d7624e0ffa1c2d9b4d73b"
@@ -272,7 +274,7 @@ def test_torchrun_flags():
 
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
-        pytest.skip("torch is not installed here")
+        unavailable("torch is not installed here")
     source = (Path(spec.origin).parent / "distributed" / "run.py").read_text(encoding="utf-8")
     for flag in ('"--standalone"', '"--nproc_per_node"'):
         assert flag in source

@@ -20,7 +20,7 @@ import yaml
 from draftscope import __version__
 from draftscope.ops.images import kit_wheel_name, load_lock
 
-from support import ROOT, tiny_benchmark
+from support import ROOT, tiny_benchmark, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def _run(argv, *, cwd, timeout=600, env=None):
 def dist(tmp_path_factory):
     missing = _missing_tools()
     if missing:
-        pytest.skip(f"needs {' and '.join(missing)} (the dev extra: pip install -e '.[dev]')")
+        unavailable(f"needs {' and '.join(missing)} (the dev extra: pip install -e '.[dev]')")
     out = tmp_path_factory.mktemp("dist")
     done = _run([sys.executable, "-m", "build", "--outdir", out, ROOT], cwd=ROOT, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT, run_invoke
+from support import ROOT, run_invoke, unavailable
 
 pytestmark = pytest.mark.reliability
 
@@ -1038,7 +1038,7 @@ def outcomes(tmp_path_factory) -> dict[str, Outcome]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_refused_cleanly(case: Bad, outcomes, figures):
     if case.id not in outcomes:
-        pytest.skip(f"{case.needs} is not installed here")
+        unavailable(f"{case.needs} is not installed here")
     out = outcomes[case.id]
     refused = False
     try:

@@ -15,7 +15,7 @@ from draftscope.core.jsonio import read_json
 from draftscope.core.validate import validate_run
 
 from faultlib import invoke_argv, lost_from, read_lines, start, wait_for_lines
-from support import run_invoke, tiny_benchmark
+from support import run_invoke, tiny_benchmark, unavailable
 
 pytestmark = pytest.mark.reliability
 
@@ -31,7 +31,7 @@ def mount_tmpfs(path, size: str):
         check=False,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
+        unavailable(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
     return path
 
 

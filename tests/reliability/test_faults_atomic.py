@@ -21,6 +21,7 @@ from draftscope.core.validate import validate_run
 from draftscope.pipeline.state import write_record
 
 from faultlib import lost_from, read_lines
+from support import unavailable
 
 pytestmark = pytest.mark.reliability
 
@@ -161,7 +162,7 @@ def small_disk(tmp_path):
         check=False,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
+        unavailable(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip()}")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
 

@@ -25,7 +25,7 @@ from draftscope.core.jsonio import read_json
 from draftscope.core.schema import problems
 
 from faultlib import ROOT, kill_group, pipeline_argv, signal_name, start, wait_for_child
-from support import SMALL_QWEN3_PRESET
+from support import SMALL_QWEN3_PRESET, unavailable
 
 pytestmark = pytest.mark.reliability
 
@@ -63,10 +63,7 @@ def have_speculators() -> bool:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
     if not have_speculators():
-        message = f"no speculators environment at {TRAIN_PYTHON} (build it as .ci/run does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"no speculators environment at {TRAIN_PYTHON} (build it as .ci/run does)")
     root = tmp_path_factory.mktemp("train")
     (root / "presets" / "models").mkdir(parents=True)
     (root / "presets" / "models" / "small.yaml").write_text(PRESET)

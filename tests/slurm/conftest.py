@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT
+from support import ROOT, unavailable
 
 SCRIPT = ROOT / "images" / "local" / "slurm-cluster.sh"
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
@@ -44,9 +44,9 @@ def running(names: tuple[str, ...] = DAEMONS) -> list[str]:
 def cluster() -> Iterator[None]:
     missing = [c for c in ("slurmctld", "slurmd", "sbatch", "munged") if shutil.which(c) is None]
     if missing:
-        pytest.skip(f"Slurm is not installed here (no {', '.join(missing)}): {INSTALL}")
+        unavailable(f"Slurm is not installed here (no {', '.join(missing)}): {INSTALL}")
     if os.geteuid() != 0:
-        pytest.skip("starting a Slurm cluster (munged, slurmctld, slurmd) needs root")
+        unavailable("starting a Slurm cluster (munged, slurmctld, slurmd) needs root")
     was_up = bool(running(("slurmctld",))) and bool(running(("slurmd",)))
     if not was_up:
         started = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=120)

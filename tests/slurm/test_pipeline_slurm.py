@@ -31,7 +31,7 @@ import pytest
 from draftscope.core.jsonio import read_json
 from draftscope.core.schema import problems
 
-from support import INVOKE_PIPELINE, ROOT, port_is_free, processes_naming
+from support import INVOKE_PIPELINE, ROOT, port_is_free, processes_naming, unavailable
 
 pytest.importorskip("transformers")
 
@@ -504,7 +504,7 @@ def test_a_cancelled_job_removes_its_podman_container(cluster, tmp_path):
     import shutil
 
     if shutil.which("podman") is None or shutil.which("catatonit") is None:
-        pytest.skip("needs podman and catatonit (images/local/podman-engine.sh install)")
+        unavailable("needs podman and catatonit (images/local/podman-engine.sh install)")
     store = tmp_path / "store"
     store.mkdir()
     (store / "storage.conf").write_text(

