@@ -18,6 +18,7 @@ from rich.table import Table
 
 from draftscope.analysis import figures
 from draftscope.analysis.comparisons import SPEED_MEASURE, Shown
+from draftscope.analysis.leaderboard import LEADERBOARD_COLUMNS, latency_cells, leaderboard_rows, metric
 from draftscope.analysis.load import Run
 from draftscope.analysis.output import make_new_dir, write_new
 from draftscope.core.provenance import kit_info, now
@@ -34,6 +35,8 @@ FIELDS = (
     ("records", "records"),
     ("request tok/s", "request_tok_s"),
     ("decode tok/s", "decode_tok_s"),
+    ("TTFT ms p50 / p90 / p99", "ttft"),
+    ("inter-token latency ms p50 / p90 / p99", "itl"),
     ("acceptance length (mean over steps)", "acceptance_mean"),
     ("acceptance rate (accepted / proposed drafts)", "acceptance_rate"),
     ("acceptance per draft position", "acceptance_positions"),
@@ -117,6 +120,7 @@ def run_row(run: Run) -> dict[str, str]:
         else "— (not speculative)",
         "greedy_agreement": agreement,
         **acceptance_cells(run),
+        **latency_cells(run),
     }
 
 
@@ -224,9 +228,12 @@ def _environment() -> Environment:
     return env
 
 
-def write_report(runs: Sequence[Run], folder: Path, comparisons: Sequence[Shown] = ()) -> list[Path]:
+def write_report(
+    runs: Sequence[Run], folder: Path, comparisons: Sequence[Shown] = (), sort: str | None = None
+) -> list[Path]:
     """Create `folder` (it must not exist) with report.md, report.html and the PNG figures; returns the files.
-    The comparisons of these runs (`analysis.comparisons.find_comparisons`) lead the report when there are any."""
+    The comparisons of these runs (`analysis.comparisons.find_comparisons`) lead the report when there are any;
+    with `sort` (a metric of `analysis.leaderboard`), a leaderboard of the runs comes first under Runs."""
     figs = make_figures(runs)  # before creating anything: a plotting failure leaves no half-made folder
     folder = make_new_dir(Path(folder), "--report")
     rows = [run_row(r) for r in runs]
@@ -244,6 +251,9 @@ def write_report(runs: Sequence[Run], folder: Path, comparisons: Sequence[Shown]
         "comparisons": [c.cells() for c in comparisons],
         "comparison_fields": COMPARISON_FIELDS,
         "speed_measure": SPEED_MEASURE,
+        "leaderboard": leaderboard_rows(runs, sort) if sort else [],
+        "leaderboard_title": metric(sort).title if sort else "",
+        "leaderboard_columns": LEADERBOARD_COLUMNS,
     }
     env = _environment()
     written = []

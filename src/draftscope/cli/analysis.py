@@ -13,6 +13,7 @@ from invoke import Exit
 from draftscope.analysis.evidence import add as add_evidence
 from draftscope.analysis.evidence import check_study_inputs, load_study, research_dir
 from draftscope.analysis.evidence import verify as verify_evidence
+from draftscope.analysis.leaderboard import METRICS, leaderboard_table, metric, ranked
 from draftscope.analysis.load import load_run, load_runs
 from draftscope.analysis.output import refuse_existing
 from draftscope.cli.command import command, group, parse_int
@@ -44,21 +45,29 @@ def _file_name(value: str, flag: str) -> Path:
         "report": "also write a report folder here (must not exist): report.md, report.html, PNG figures",
         "comparison": "a comparison.json from `invoke compare`, or a folder of them (repeatable); those in "
         "comparisons/ here and beside the runs are found without it",
+        "sort": f"rank the runs by one metric, best first, in a leaderboard: {', '.join(METRICS)}",
     },
 )
-def analyze(c, path, run=None, report=None, comparison=None):
+def analyze(c, path, run=None, report=None, comparison=None, sort=None):
     """Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
-    min–max of request and decode tok/s, mean acceptance length, rate and per position, greedy agreement) and the
-    comparisons of these runs (speedup, interval, verdict, noise band); optionally write a report."""
+    min–max of request and decode tok/s, TTFT and inter-token latency p50/p90/p99, mean acceptance length, rate and
+    per position, greedy agreement), a leaderboard by one metric (--sort) and the comparisons of these runs
+    (speedup, interval, verdict, noise band); optionally write a report."""
     # lazy: jinja2, matplotlib and numpy, only when a report is written
     from draftscope.analysis.comparisons import find_comparisons
     from draftscope.analysis.report import comparisons_table, runs_table, write_report
 
+    if sort is not None:
+        metric(sort)  # a bad name is refused before any run is read
     loaded = load_runs([path, *(run or ())])
+    if sort is not None:
+        loaded = [r for r, _ in ranked(loaded, sort)]
     shown, notes = find_comparisons(loaded, comparison or ())
     out = console()
     if shown:
         out.print(comparisons_table(shown))
+    if sort is not None:
+        out.print(leaderboard_table(loaded, sort))
     out.print(runs_table(loaded))
     for found in loaded:
         for note in found.notes:
@@ -66,7 +75,7 @@ def analyze(c, path, run=None, report=None, comparison=None):
     for note in notes:
         out.print(f"note: {note}")
     if report:
-        files = write_report(loaded, Path(report), shown)
+        files = write_report(loaded, Path(report), shown, sort)
         pngs = sum(f.suffix == ".png" for f in files)
         out.print(
             f"report: {report}/report.md, {report}/report.html and {pngs} figure(s)"
