@@ -42,7 +42,7 @@ def export(c, path, run=None, format=None, output=None, tracking_uri=None, exper
                 "only for --format mlflow", field=flag, value=value, fix=f"drop {flag} with --format {fmt}"
             )
     target = _output(output, fmt)
-    runs = load_runs([path, *(run or ())])
+    runs = _distinct(load_runs([path, *(run or ())]))
     if fmt == "vllm-bench":
         from draftscope.analysis.vllm_bench import export_vllm_bench
 
@@ -56,6 +56,21 @@ def export(c, path, run=None, format=None, output=None, tracking_uri=None, exper
     for found in runs:
         for note in found.notes:
             print(f"note: {found.run_id}: {note}")
+
+
+def _distinct(runs: list) -> list:
+    """The runs, each once: a run named twice would give rows (or MLflow runs) that cannot be told apart."""
+    seen: dict[str, Path] = {}
+    for found in runs:
+        if found.run_id in seen:
+            raise UserError(
+                f"run {found.run_id} is given twice ({seen[found.run_id]} and {found.path})",
+                field="RUN",
+                value=str(found.path),
+                fix="name each run once",
+            )
+        seen[found.run_id] = found.path
+    return runs
 
 
 def _format(value: str | None) -> str:
@@ -101,7 +116,7 @@ def _mlflow(path, run, tracking_uri, experiment, report, output) -> None:
         raise UserError(
             "no such report", field="--report", value=report, fix="give `invoke analyze --report`'s folder"
         )
-    runs = load_runs([path, *(run or ())])
+    runs = _distinct(load_runs([path, *(run or ())]))
     for found in runs:
         mlflow_id = log_run(found, tracking_uri, name, folder)
         print(f"logged {found.run_id} to {tracking_uri} (experiment {name}, MLflow run {mlflow_id})")

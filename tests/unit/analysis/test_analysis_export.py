@@ -29,6 +29,8 @@ from draftscope.analysis.load import load_runs
 from draftscope.cli.export import EXPORT_TASKS
 from draftscope.core.errors import MissingDependency
 
+from support import ROOT
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
@@ -176,6 +178,15 @@ def test_bad_options_are_one_line_naming_the_option_and_the_fix(folder, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_run_given_twice_is_refused(folder, tmp_path):
+    out = tmp_path / "x.csv"
+    code, _, stderr = cli(
+        "export", str(folder / "A"), "--run", str(folder), "--format", "csv", "--output", str(out)
+    )
+    assert code == 2 and "run A is given twice" in stderr and "fix: name each run once" in stderr
+    assert not out.exists()
+
+
 def test_a_missing_pyarrow_names_the_extra_to_install(table, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
     with pytest.raises(MissingDependency) as caught:
@@ -220,3 +231,11 @@ def test_hostile_prompt_ids_survive_csv_and_jsonl(table, ids):
     text = export.jsonl_bytes(rows).decode("utf-8")
     assert text.isascii() and text.endswith("\n")  # no character any reader takes for a line break
     assert [json.loads(line) for line in text.splitlines()] == rows
+
+
+def test_the_exports_page_names_every_column_and_every_vllm_field_left_out():
+    from draftscope.analysis.vllm_bench import LEFT_OUT
+
+    page = (ROOT / "docs" / "exports.md").read_text(encoding="utf-8")
+    for name in (*export.NAMES, *LEFT_OUT):
+        assert f"| `{name}` |" in page, name
