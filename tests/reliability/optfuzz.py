@@ -120,6 +120,7 @@ KINDS: dict[str, str] = {
             "show",
             "draft",
             "study",
+            "format",
         ),
         CHOICE,
     ),
@@ -139,6 +140,7 @@ KINDS: dict[str, str] = {
             "base_image",
             "to",
             "pytest_args",
+            "tracking_uri",
         ),
         TEXT,
     ),
@@ -161,6 +163,7 @@ NEAR_MISSES: dict[str, tuple[str, ...]] = {
     "show": ("TINY", "tiny.yaml", "../models/tiny"),
     "draft": ("DFlash", "DFLASH2", "tiny "),
     "study": ("Prefix-Head-CPU", "prefix-head-cpu.yaml", "../studies/prefix-head-cpu"),
+    "format": ("CSV", "Parquet", "csv ", "vllm_bench"),
 }
 
 # --- the hostile values ----------------------------------------------------------------------------------------------
@@ -282,6 +285,7 @@ BASELINES: dict[str, dict[str, str | None]] = {
     "doctor": {},
     "evidence.add": {"path": "{run}", "study": "draftscope-fuzz-no-study", "root": "{sb}/research"},
     "evidence.verify": {"root": "{sb}/research"},
+    "export": {"path": "{run}", "format": "csv", "output": "{sb}/out/rows.csv"},
     "head-bench": {},
     "head-study": {"run": "{run}"},
     "images.build": {"name": "transformers", "dry-run": None},
