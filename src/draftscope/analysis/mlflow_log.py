@@ -9,8 +9,10 @@ KILLED for one stopped (timed out, interrupted) and FAILED otherwise. docs/expor
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import draftscope
 from draftscope.analysis.load import Run
@@ -101,26 +103,26 @@ def tags(run: Run) -> dict[str, str]:
 def log_run(run: Run, tracking_uri: str, experiment: str, report: Path | None = None) -> str:
     """Log `run` to the tracking store; the MLflow run id."""
     try:
-        from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
     except ImportError:
         raise MissingDependency("mlflow", extra="export") from None
-    artifacts = [run.path / MANIFEST, run.path / SUMMARY]
-    if report is not None:
-        artifacts.append(_report_file(report))
-    elif (run.path / "report.html").is_file():
-        artifacts.append(run.path / "report.html")
-    missing = [p for p in artifacts if not p.is_file()]
-    if missing:
-        raise UserError(
-            "the file to log is missing", source=str(missing[0]), fix="finish or `invoke recover` the run"
+    from mlflow.exceptions import MlflowException
+
+    artifacts = _artifacts(run, report)
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        earlier = client.search_runs(
+            [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.run_id}'", max_results=1
         )
-    client = MlflowClient(tracking_uri=tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-    earlier = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run.run_id}'", max_results=1
-    )
+    except MlflowException as exc:
+        raise UserError(
+            f"MLflow refused the tracking store: {_said(exc)}",
+            field="--tracking-uri",
+            value=tracking_uri,
+            fix="give a tracking URI MLflow takes, e.g. sqlite:///mlflow.db or http://HOST:5000",
+        ) from None
     if earlier:
         raise UserError(
             f"already logged to experiment {experiment!r} as MLflow run {earlier[0].info.run_id}",
@@ -128,25 +130,68 @@ def log_run(run: Run, tracking_uri: str, experiment: str, report: Path | None = 
             value=experiment,
             fix="log it to another experiment, or delete that MLflow run first",
         )
-    started = _millis(run.manifest.get("started_at") or run.manifest["created_at"])
-    mlrun = client.create_run(experiment_id, start_time=started, tags=tags(run), run_name=run.run_id)
-    run_id = mlrun.info.run_id
-    client.log_batch(
-        run_id,
-        metrics=[Metric(k, v, started, 0) for k, v in metrics(run).items()],
-        params=[Param(k, v) for k, v in params(run).items()],
-        tags=[RunTag("draftscope.exported_at", datetime.now().astimezone().isoformat(timespec="seconds"))],
-    )
+    return _log(client, experiment_id, run, artifacts, MlflowException)
+
+
+def _artifacts(run: Run, report: Path | None) -> list[Path]:
+    """manifest.json, summary.json and a report.html (given, or in the run directory), each a regular file."""
+    artifacts = [run.path / MANIFEST, run.path / SUMMARY]
     for path in artifacts:
-        client.log_artifact(run_id, str(path))
+        if not path.is_file():
+            raise UserError(
+                "the run has no such file to log", source=str(path), fix="finish or `invoke recover` the run"
+            )
+    if report is not None:
+        page = report / "report.html" if report.is_dir() else report
+        if not page.is_file() or page.name != "report.html":
+            raise UserError(
+                "not a report",
+                field="--report",
+                value=str(report),
+                fix="give `invoke analyze --report`'s folder",
+            )
+        artifacts.append(page)
+    elif (run.path / "report.html").is_file():
+        artifacts.append(run.path / "report.html")
+    return artifacts
+
+
+def _log(client: Any, experiment_id: str, run: Run, artifacts: list[Path], failure: type[Exception]) -> str:
+    """One MLflow run: created with the run's start time and tags, then parameters, metrics and artifacts; a
+    failure half-way marks it FAILED and names it."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    started = _millis(run.manifest.get("started_at") or run.manifest["created_at"])
+    run_id = client.create_run(
+        experiment_id, start_time=started, tags=tags(run), run_name=run.run_id
+    ).info.run_id
+    try:
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, started, 0) for k, v in metrics(run).items()],
+            params=[Param(k, v) for k, v in params(run).items()],
+            tags=[
+                RunTag("draftscope.exported_at", datetime.now().astimezone().isoformat(timespec="seconds"))
+            ],
+        )
+        for path in artifacts:
+            client.log_artifact(run_id, str(path))
+    except (failure, OSError) as exc:
+        with contextlib.suppress(failure, OSError):
+            client.set_terminated(run_id, status="FAILED")
+        raise UserError(
+            f"logging stopped half-way ({_said(exc)}); MLflow run {run_id} is marked FAILED",
+            source=run.run_id,
+            fix=f"delete MLflow run {run_id}, fix the cause, and export again",
+        ) from None
     ended = run.manifest.get("finished_at") or run.manifest["updated_at"]
     client.set_terminated(run_id, status=STATUS.get(run.status, "FAILED"), end_time=_millis(ended))
     return run_id
 
 
-def _report_file(report: Path) -> Path:
-    """report.html of a report folder (`invoke analyze --report`), or the file itself."""
-    return report / "report.html" if report.is_dir() else report
+def _said(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 240 else text[:237] + "..."
 
 
 def _millis(stamp: str) -> int:

@@ -111,11 +111,7 @@ def _mlflow(path, run, tracking_uri, experiment, report, output) -> None:
             "no tracking store given", field="--tracking-uri", fix="add --tracking-uri sqlite:///mlflow.db"
         )
     name = experiment or DEFAULT_EXPERIMENT
-    folder = Path(report) if report else None
-    if folder is not None and not folder.exists():
-        raise UserError(
-            "no such report", field="--report", value=report, fix="give `invoke analyze --report`'s folder"
-        )
+    folder = Path(report) if report else None  # checked with the run's own files, before anything is logged
     runs = _distinct(load_runs([path, *(run or ())]))
     for found in runs:
         mlflow_id = log_run(found, tracking_uri, name, folder)

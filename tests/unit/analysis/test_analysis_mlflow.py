@@ -16,7 +16,7 @@ from test_analysis_synthetic import make_run
 from draftscope.analysis import mlflow_log
 from draftscope.analysis.load import load_run
 from draftscope.analysis.report import write_report
-from draftscope.core.errors import MissingDependency
+from draftscope.core.errors import MissingDependency, UserError
 
 pytestmark = pytest.mark.slow  # the store's schema migrations take seconds
 
@@ -133,9 +133,52 @@ def test_a_run_already_logged_is_refused_and_not_logged_twice(store):
     assert len(found) == 1
 
 
+@pytest.mark.parametrize(
+    ("uri", "said"),
+    [
+        ("ftp://nowhere", "unsupported URI 'ftp://nowhere'"),
+        ("plain-folder", "filesystem tracking backend"),  # MLflow's file store, in maintenance upstream
+    ],
+)
+def test_a_tracking_uri_mlflow_refuses_is_one_line_naming_the_option(store, uri, said):
+    code, _, stderr = cli(
+        "export", str(store["runs"] / "spec"), "--format", "mlflow", "--tracking-uri", uri, cwd=store["root"]
+    )
+    line = stderr.strip()
+    assert code == 2 and "\n" not in line and "Traceback" not in line, stderr
+    assert line.startswith("error: --tracking-uri: MLflow refused the tracking store") and said in line
+    assert "fix: give a tracking URI MLflow takes" in line
+
+
+def test_a_report_that_is_not_one_is_refused_before_anything_is_logged(store, tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    code, _, stderr = cli(
+        "export", str(store["runs"] / "partial"), "--format", "mlflow", "--tracking-uri", store["uri"],
+        "--experiment", "other", "--report", str(tmp_path / "notes.txt"), cwd=store["root"],
+    )  # fmt: skip
+    assert code == 2 and "--report: not a report" in stderr, stderr
+    assert MlflowClient(tracking_uri=store["uri"]).get_experiment_by_name("other") is None
+
+
+def test_a_failure_half_way_marks_the_mlflow_run_failed_and_names_it(store, monkeypatch):
+    def full_disk(self, run_id, local_path, artifact_path=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(MlflowClient, "log_artifact", full_disk)
+    with pytest.raises(UserError) as caught:
+        mlflow_log.log_run(load_run(store["runs"] / "partial"), store["uri"], "halfway")
+    client = MlflowClient(tracking_uri=store["uri"])
+    (half,) = client.search_runs([client.get_experiment_by_name("halfway").experiment_id])
+    assert half.info.status == "FAILED"
+    assert f"MLflow run {half.info.run_id} is marked FAILED" in str(caught.value)
+    assert "No space left on device" in str(caught.value) and f"delete MLflow run {half.info.run_id}" in str(
+        caught.value
+    )
+
+
 def test_a_missing_mlflow_names_the_extra_to_install(store, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    monkeypatch.setitem(sys.modules, "mlflow.entities", None)
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
     with pytest.raises(MissingDependency) as caught:
         mlflow_log.log_run(load_run(store["runs"] / "spec"), store["uri"], "kit")
     assert "draftscope[export]" in str(caught.value)
