@@ -16,6 +16,7 @@ from typing import Any
 
 import draftscope
 from draftscope.analysis.load import Run
+from draftscope.core import acceptance
 from draftscope.core.errors import MissingDependency, UserError
 from draftscope.core.rundir import MANIFEST, SUMMARY
 
@@ -76,7 +77,8 @@ def metrics(run: Run) -> dict[str, float]:
         for key in ("median", "min", "max"):
             if stat:
                 out[f"{name}.{key}"] = stat[key]
-    ledger = overall.get("acceptance")
+    # A summary written before the acceptance ledger existed has none: the ledger of its records, as `analyze` shows.
+    ledger = overall.get("acceptance") or acceptance.from_records(run.records)
     if ledger:
         for name in LEDGER:
             if ledger.get(name) is not None:

@@ -93,6 +93,15 @@ def test_params_metrics_and_tags_read_back_with_mlflow_s_client(store):
     assert data.tags["mlflow.runName"] == "spec"
 
 
+def test_a_summary_without_the_ledger_gets_the_ledger_of_its_records(store):
+    run = load_run(store["runs"] / "spec")
+    del run.summary["overall"]["acceptance"]  # as summaries written before the ledger existed
+    figures = mlflow_log.metrics(run)
+    assert figures["acceptance.mean_pooled"] == pytest.approx(3.0) and figures["acceptance.steps"] == 4 * len(
+        run.records
+    )
+
+
 def test_status_and_times_are_the_kit_run_s(store):
     client, found = logged(store, "spec")
     info = client.get_run(found[0].info.run_id).info
