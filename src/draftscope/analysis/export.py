@@ -201,7 +201,7 @@ def jsonl_bytes(table: Sequence[Mapping[str, Any]]) -> bytes:
 
 def arrow_schema() -> Any:
     """The Parquet file's schema: one typed, nullable field per column, each with its description."""
-    pa = require("pyarrow", "parquet")
+    pa = require("pyarrow")
     types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
     return pa.schema(
         [
@@ -213,8 +213,8 @@ def arrow_schema() -> Any:
 
 
 def parquet_bytes(table: Sequence[Mapping[str, Any]]) -> bytes:
-    pa = require("pyarrow", "parquet")
-    pq = require("pyarrow.parquet", "parquet")
+    pa = require("pyarrow")
+    pq = require("pyarrow.parquet")
     arrow = pa.Table.from_pylist([dict(row) for row in table], schema=arrow_schema())
     sink = pa.BufferOutputStream()
     pq.write_table(arrow, sink)
@@ -224,7 +224,7 @@ def parquet_bytes(table: Sequence[Mapping[str, Any]]) -> bytes:
 WRITERS = {"csv": csv_bytes, "jsonl": jsonl_bytes, "parquet": parquet_bytes}
 
 
-def require(module: str, fmt: str) -> Any:
+def require(module: str) -> Any:
     """Import an optional dependency of the `export` extra; its absence names the extra to install."""
     import importlib
 

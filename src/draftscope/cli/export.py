@@ -13,6 +13,7 @@ from draftscope.core.errors import UserError
 TABLES = ("csv", "jsonl", "parquet")
 FORMATS = (*TABLES, "vllm-bench", "mlflow")
 DEFAULT_EXPERIMENT = "draftscope"
+NEEDS = {"parquet": "pyarrow.parquet", "mlflow": "mlflow.tracking"}  # from the `export` extra
 
 
 @command(
@@ -33,6 +34,10 @@ def export(c, path, run=None, format=None, output=None, tracking_uri=None, exper
     """Write runs' records as csv/jsonl/parquet rows or as vLLM benchmark result JSON, or log runs (parameters,
     summary metrics, acceptance ledger, manifest and summary) to MLflow; docs/exports.md names every field."""
     fmt = _format(format)
+    if fmt in NEEDS:
+        from draftscope.analysis.export import require  # lazy: numpy, only for `export`
+
+        require(NEEDS[fmt])  # a missing extra is said before any run is read
     if fmt == "mlflow":
         _mlflow(path, run, tracking_uri, experiment, report, output)
         return

@@ -191,3 +191,11 @@ def test_a_missing_mlflow_names_the_extra_to_install(store, monkeypatch):
     with pytest.raises(MissingDependency) as caught:
         mlflow_log.log_run(load_run(store["runs"] / "spec"), store["uri"], "kit")
     assert "draftscope[export]" in str(caught.value)
+
+
+def test_the_cli_names_the_missing_extra_before_reading_any_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
+    code, _, stderr = cli(
+        "export", str(tmp_path / "no-run-here"), "--format", "mlflow", "--tracking-uri", "sqlite:///m.db"
+    )
+    assert code == 2 and "'mlflow' is not installed" in stderr and "draftscope[export]" in stderr, stderr
