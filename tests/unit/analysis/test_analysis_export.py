@@ -19,7 +19,7 @@ import sys
 import datasets
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from invoke import Collection, Program
 from test_analysis_synthetic import make_run
@@ -223,7 +223,7 @@ HOSTILE = st.text(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None)
 @given(ids=st.lists(HOSTILE, min_size=1, max_size=5))
 def test_hostile_prompt_ids_survive_csv_and_jsonl(table, ids):
     rows = [{**table[i % len(table)], "prompt_id": pid} for i, pid in enumerate(ids)]
