@@ -15,7 +15,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet -e '.[local,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[local,dev,export]'
 	touch $@
 
 # Set-up, then the default experiment plan: what would run, in which image, on which pinned weights.

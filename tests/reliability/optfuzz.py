@@ -145,6 +145,7 @@ KINDS: dict[str, str] = {
             "to",
             "pytest_args",
             "description",
+            "tracking_uri",
         ),
         TEXT,
     ),
@@ -168,7 +169,8 @@ NEAR_MISSES: dict[str, tuple[str, ...]] = {
     "draft": ("DFlash", "DFLASH2", "tiny "),
     "study": ("Prefix-Head-CPU", "prefix-head-cpu.yaml", "../studies/prefix-head-cpu"),
     "dataset": ("MT-Bench", "mt-bench.json", "../datasets/mt-bench"),
-    "format": ("MT-BENCH", "mt_bench", "spec-bench "),
+    # datasets.import's and export's --format
+    "format": ("MT-BENCH", "mt_bench", "spec-bench ", "CSV", "Parquet", "csv ", "vllm_bench"),
 }
 
 # --- the hostile values ----------------------------------------------------------------------------------------------
@@ -296,6 +298,7 @@ BASELINES: dict[str, dict[str, str | None]] = {
     "doctor": {},
     "evidence.add": {"path": "{run}", "study": "draftscope-fuzz-no-study", "root": "{sb}/research"},
     "evidence.verify": {"root": "{sb}/research"},
+    "export": {"path": "{run}", "format": "csv", "output": "{sb}/out/rows.csv"},
     "head-bench": {},
     "head-study": {"run": "{run}"},
     "images.build": {"name": "transformers", "dry-run": None},

@@ -1,6 +1,7 @@
 """Analysis: run directories → tables, paired comparisons, reports, reproductions and research evidence.
 
-Host side only: numpy, scipy, matplotlib (Agg) and jinja2 — never torch. Every module reads run directories as
+Host side only: numpy, scipy, matplotlib (Agg) and jinja2, and for exports pyarrow and MLflow (the `export`
+extra, imported only when used) — never torch. Every module reads run directories as
 they are on disk (partial runs included, and labelled so) and writes new files exclusively.
 
     load.py       run directories → `Run` objects and per-prompt tables
@@ -10,4 +11,8 @@ they are on disk (partial runs included, and labelled so) and writes new files e
     report.py     the terminal table and the report folder (report.md, self-contained report.html)
     reproduce.py  re-run a run from its manifest, then compare
     evidence.py   research/: SHA256SUMS, schema checks, adding runs
+    export.py     records → one row each: CSV, JSON lines, Parquet (docs/exports.md)
+    timing.py     TTFT, TPOT and inter-token latencies from the token timestamps, as vLLM defines them
+    vllm_bench.py a run as `vllm bench serve --save-result` JSON
+    mlflow_log.py a run logged to an MLflow tracking store
 """
