@@ -1,17 +1,14 @@
 """Latency percentiles from the records, and a leaderboard: runs ranked by one chosen metric.
 
-Both read the records as they are (no summary figure): TTFT is a record's first token timestamp (seconds since its
-request started, so prefill and backend overhead are in it), inter-token latency (ITL) the gaps between consecutive
-token timestamps of a record, pooled over every record of the run. A speculative step emits its accepted tokens
-together, so their gaps are near 0 and the ITL percentiles of a speculative run sit below the per-step time; this
-is the same definition as the per-token latency figure. Percentiles interpolate linearly between the closest ranks
-(NumPy's default method), p50 / p90 / p99; a run without per-token timestamps has none.
+Both read the records as they are (no summary figure), with the definitions of `vllm bench serve`
+(`analysis/timing.py`): TTFT is a record's first token timestamp (seconds since its request started, so prefill and
+backend overhead are in it); inter-token latency (ITL) is the gap between successive token arrivals, tokens with the
+same timestamp (a speculative step's) counting as one arrival, pooled over every record of the run. Percentiles are
+NumPy's (linear interpolation), p50 / p90 / p99; a run without per-token timestamps has none.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,26 +20,24 @@ from draftscope.core.errors import UserError
 QUANTILES = (50, 90, 99)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0–100) of `values`, linear between closest ranks; `values` must not be empty."""
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def ttft_ms(run: Run) -> list[float]:
-    """Per record: the first token's time since the request started, in ms."""
-    return [r["token_timestamps"][0] * 1e3 for r in run.records if r.get("token_timestamps")]
+    """Per record with timestamps: the first token's time since the request started, in ms."""
+    from draftscope.analysis import timing  # lazy: numpy
+
+    return [timing.ttft(r["token_timestamps"]) * 1e3 for r in run.records if r.get("token_timestamps")]
 
 
 def itl_ms(run: Run) -> list[float]:
-    """Every gap between consecutive token timestamps of a record, in ms, over all records."""
-    gaps: list[float] = []
-    for r in run.records:
-        stamps = r.get("token_timestamps") or []
-        gaps += [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
-    return gaps
+    """Every gap between successive token arrivals of a record, in ms, over all records."""
+    from draftscope.analysis import timing  # lazy: numpy
+
+    return [gap * 1e3 for r in run.records for gap in timing.itls(r.get("token_timestamps")) or []]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    from draftscope.analysis import timing  # lazy: numpy
+
+    return timing.percentile(values, q)  # type: ignore[return-value]
 
 
 def percentile_cell(values: Sequence[float]) -> str:
