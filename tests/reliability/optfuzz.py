@@ -124,6 +124,7 @@ KINDS: dict[str, str] = {
             "draft",
             "study",
             "dataset",
+            "sort",
             "format",
         ),
         CHOICE,
@@ -169,6 +170,7 @@ NEAR_MISSES: dict[str, tuple[str, ...]] = {
     "draft": ("DFlash", "DFLASH2", "tiny "),
     "study": ("Prefix-Head-CPU", "prefix-head-cpu.yaml", "../studies/prefix-head-cpu"),
     "dataset": ("MT-Bench", "mt-bench.json", "../datasets/mt-bench"),
+    "sort": ("Request-Tok-S", "request_tok_s", "ttft", "acceptance "),
     # datasets.import's and export's --format
     "format": ("MT-BENCH", "mt_bench", "spec-bench ", "CSV", "Parquet", "csv ", "vllm_bench"),
 }
