@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env vllm-env demo test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
+.PHONY: setup plan train-env vllm-env demo base-image test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -63,8 +63,9 @@ test-fast: setup
 
 # A real container engine (podman + runc behind its Docker API, driven by the docker CLI; see images/local/):
 # builds images/transformers/Dockerfile on a local base and runs benchmarks in it. Needs an answering engine.
-# The images install the kit's wheel from dist/ by its recorded hash: `dist` first.
-test-container: setup dist
+# The images install the kit's wheel from dist/ by its recorded hash: `dist` first. The local Debian base is built
+# before the tests (minutes on a cold machine, nothing when it exists), not inside the first test's time limit.
+test-container: setup dist base-image
 	$(BIN)/python -m pytest -m container $(PYTEST_ARGS)
 
 # Upstream flags, config keys and lock files against the pinned releases (downloads wheels; needs the index).
@@ -100,6 +101,10 @@ lint: setup
 format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# The local base image of the container tier and the CPU images (images/local/base-image.sh; podman, no registry).
+base-image:
+	images/local/base-image.sh
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache
