@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 from invoke import Exit
 
@@ -47,14 +45,3 @@ def exits() -> Iterator[None]:
             raise
         code, line = status
         raise Exit(line, code=code) from None
-
-
-def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`exits()` around a task body, for tasks declared with invoke's plain `@task` (`cli.command` does it itself)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with exits():
-            return fn(*args, **kwargs)
-
-    return wrapper

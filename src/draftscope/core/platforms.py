@@ -19,8 +19,6 @@ from draftscope.core.errors import UserError
 
 # Engines that run on Linux hosts only, by the name the kit uses for them (image and backend names).
 LINUX_ONLY = {"vllm": "vLLM", "sglang": "SGLang"}
-# Which engine each pipeline stage starts, where it starts one (the other stages run in the train image's Python).
-STAGE_ENGINES = {"regen": "vllm", "hsextract": "vllm", "serve": "sglang", "bench": "sglang"}
 _NAMES = {"linux": "Linux", "darwin": "macOS", "win32": "Windows", "cygwin": "Windows (Cygwin)"}
 # The images' own non-root user (images/*/Dockerfile `USER 10001:10001`).
 IMAGE_USER = (10001, 10001)
@@ -53,13 +51,6 @@ def require_linux(engine: str, *, system: str | None = None, field: str | None =
             fix="run it on a Linux machine with an NVIDIA GPU (on Windows: inside WSL2); planning and --dry-run"
             " work here",
         )
-
-
-def stage_refusal(stage: str, *, uses_engine: bool = True, system: str | None = None) -> str | None:
-    """`refusal` for a pipeline stage. `uses_engine=False` where the stage runs without its engine (the tiny preset's
-    loopback regen server and Transformers hidden-state extractor), which then runs anywhere."""
-    engine = STAGE_ENGINES.get(stage)
-    return refusal(engine, system) if engine and uses_engine else None
 
 
 def host_user() -> tuple[int, int]:

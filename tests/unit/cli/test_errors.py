@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from invoke import Context, Exit
+from invoke import Exit
 
 from draftscope.core.errors import UserError, exit_status, run_main
 
@@ -54,24 +54,21 @@ def test_run_main_returns_the_bodys_code():
     assert run_main(lambda code: code, 5) == 5
 
 
-def test_a_task_turns_them_into_invokes_exit():
-    from invoke import task
+def test_a_task_body_turns_them_into_invokes_exit():
+    from draftscope.cli.handler import exits
 
-    from draftscope.cli.handler import user_errors
-
-    @task
-    @user_errors
-    def fails(c, what="user"):
-        raise {"user": UserError("bad"), "memory": MemoryError("full"), "bug": ValueError("bug")}[what]
+    def fails(what="user"):
+        with exits():
+            raise {"user": UserError("bad"), "memory": MemoryError("full"), "bug": ValueError("bug")}[what]
 
     with pytest.raises(Exit) as user:
-        fails(Context())
+        fails()
     assert (user.value.code, user.value.message) == (2, "error: bad")
     with pytest.raises(Exit) as memory:
-        fails(Context(), what="memory")
+        fails(what="memory")
     assert (memory.value.code, memory.value.message) == (3, "error: out of host memory: full")
     with pytest.raises(ValueError):
-        fails(Context(), what="bug")
+        fails(what="bug")
 
 
 @pytest.mark.parametrize(

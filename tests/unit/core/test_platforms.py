@@ -30,15 +30,6 @@ def test_the_transformers_backend_and_host_tasks_have_no_platform_rule(system):
     assert platforms.refusal("transformers", system) is None
 
 
-def test_stage_rules():
-    assert platforms.stage_refusal("serve", system="darwin").startswith("SGLang runs on Linux hosts only")
-    assert platforms.stage_refusal("regen", system="win32").startswith("vLLM runs on Linux hosts only")
-    # The tiny preset's regen (loopback server) and hsextract (Transformers extractor) start no engine.
-    assert platforms.stage_refusal("regen", uses_engine=False, system="darwin") is None
-    assert platforms.stage_refusal("train", system="darwin") is None
-    assert platforms.stage_refusal("bench", system="linux") is None
-
-
 def test_host_user_without_posix_ids_is_the_images_user(monkeypatch):
     import os
 
