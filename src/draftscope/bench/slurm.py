@@ -56,7 +56,7 @@ from draftscope.core.config import build as build_config
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
 from draftscope.core.hub import fetch_argv, hub_cache_dir, hub_snapshot
-from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.jsonio import atomic_write_json, read_json, read_submitted
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.provenance import now
 from draftscope.core.rundir import (
@@ -275,16 +275,9 @@ class Loaded:
 def load(path: Path) -> Loaded:
     """On the node: the submitted benchmark, planned again by this node's kit and checked against the submission
     (another kit, or prompts changed since, would make the run claim what was not submitted)."""
-    try:
-        doc = read_json(path)
-    except Exception as exc:
-        raise UserError(
-            f"cannot read the submitted benchmark ({exc})",
-            source=str(path),
-            fix="the run's folder must be on storage every node sees; resubmit",
-        ) from None
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or doc.get("kind") != KEY:
-        raise UserError("not a benchmark job file of this kit version", source=str(path), fix="resubmit")
+    doc = read_submitted(
+        path, what="benchmark job", folder="run's folder", schema_version=SCHEMA_VERSION, kind=KEY
+    )
     config = build_config(ExperimentConfig, doc["config"])
     output = Path(doc["output"])
     plan = plan_benchmark(config, str(output))

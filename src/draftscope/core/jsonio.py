@@ -164,3 +164,27 @@ def repair_tail(path: Path) -> int:
         handle.flush()
         os.fsync(handle.fileno())
     return size - last_ok
+
+
+def read_submitted(
+    path: Path, *, what: str, folder: str, schema_version: int, kind: str | None = None
+) -> dict:
+    """A job file written on the submitting host and read on a compute node (a Slurm job's plan or benchmark):
+    unreadable, or written by another kit version (`schema_version`, and `kind` where given), is one clear error."""
+    from draftscope.core.errors import UserError
+
+    try:
+        doc = read_json(path)
+    except Exception as exc:
+        raise UserError(
+            f"cannot read the submitted {what} ({exc})",
+            source=str(path),
+            fix=f"the {folder} must be on storage every node sees; resubmit",
+        ) from None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("schema_version") != schema_version
+        or (kind is not None and doc.get("kind") != kind)
+    ):
+        raise UserError(f"not a {what} file of this kit version", source=str(path), fix="resubmit")
+    return doc

@@ -14,7 +14,7 @@ from typing import Any
 
 from draftscope.core.config import build
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.jsonio import atomic_write_json, read_submitted
 from draftscope.core.presets import load_model_preset
 from draftscope.core.provenance import now
 from draftscope.pipeline import plan as planning
@@ -61,17 +61,7 @@ def write(jp: JobPlan, *, force: bool) -> Path:
 
 
 def read(path: Path) -> dict[str, Any]:
-    try:
-        doc = read_json(path)
-    except Exception as exc:
-        raise UserError(
-            f"cannot read the submitted plan ({exc})",
-            source=str(path),
-            fix="the workdir must be on storage every node sees; resubmit",
-        ) from None
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
-        raise UserError("not a plan file of this kit version", source=str(path), fix="resubmit the pipeline")
-    return doc
+    return read_submitted(path, what="plan", folder="workdir", schema_version=SCHEMA_VERSION)
 
 
 @dataclass(frozen=True)
