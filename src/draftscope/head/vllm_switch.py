@@ -12,6 +12,7 @@ No torch and no vLLM here: the host side imports this module.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -103,15 +104,27 @@ def _positive(environ: Mapping[str, str], name: str, default: int | None) -> Any
 # --- the kit's side ---------------------------------------------------------------------------------------------
 
 
-def env_for(config: Any, run_dir: str | PurePosixPath) -> dict[str, str]:
+# The plugin's tuning variables a user may set on the host: passed on into the step (local or container), so the
+# step's recorded environment says what the plugin ran with.
+TUNING = (ENV_SHADOW, ENV_K, ENV_GROUP_SIZE, ENV_READ_EVERY, ENV_MAX_ROWS)
+
+
+def env_for(
+    config: Any, run_dir: str | PurePosixPath, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The variables the benchmark step needs for `config` ({} unless `experimental_prefix`).
 
     `run_dir` is the run directory as the step sees it (the container's mount target, e.g. `plan.RUN_MOUNT`);
-    the plugin runs in vLLM's processes inside that step and writes its status there.
+    the plugin runs in vLLM's processes inside that step and writes its status there. The tuning variables set in
+    `environ` (the host's, by default) go along, checked here: a malformed one is refused before the run starts.
     """
     if not getattr(config, "experimental_prefix", False):
         return {}
-    return {ENV_SWITCH: "prefix", ENV_STATUS: str(PurePosixPath(str(run_dir)) / STATUS_FILE)}
+    environ = os.environ if environ is None else environ
+    env = {ENV_SWITCH: "prefix", ENV_STATUS: str(PurePosixPath(str(run_dir)) / STATUS_FILE)}
+    env |= {name: environ[name] for name in TUNING if environ.get(name, "").strip()}
+    settings_from_env(env)  # the same checks the plugin makes, with the same errors
+    return env
 
 
 def status_path(run_dir: str | Path) -> Path:

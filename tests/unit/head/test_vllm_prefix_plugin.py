@@ -678,14 +678,32 @@ def test_the_switch_defaults_match_the_head():
 
 
 def test_env_for_sets_the_switch_only_for_the_experiment():
-    assert vllm_switch.env_for(SimpleNamespace(experimental_prefix=False), "/draftscope/run") == {}
-    env = vllm_switch.env_for(SimpleNamespace(experimental_prefix=True), "/draftscope/run")
+    assert vllm_switch.env_for(SimpleNamespace(experimental_prefix=False), "/draftscope/run", {}) == {}
+    env = vllm_switch.env_for(SimpleNamespace(experimental_prefix=True), "/draftscope/run", {})
     assert env == {
         vllm_switch.ENV_SWITCH: "prefix",
         vllm_switch.ENV_STATUS: "/draftscope/run/prefix_head.json",
     }
     settings = vllm_switch.settings_from_env(env)
     assert settings.mode == "prefix" and str(settings.status_path) == "/draftscope/run/prefix_head.json"
+
+
+def test_env_for_passes_the_hosts_tuning_variables_on_and_refuses_a_malformed_one():
+    on = SimpleNamespace(experimental_prefix=True)
+    host = {
+        vllm_switch.ENV_SHADOW: "1",
+        vllm_switch.ENV_K: "8",
+        "UNRELATED": "x",
+        vllm_switch.ENV_MAX_ROWS: " ",
+    }
+    env = vllm_switch.env_for(on, "/draftscope/run", host)
+    assert env[vllm_switch.ENV_SHADOW] == "1" and env[vllm_switch.ENV_K] == "8"
+    assert "UNRELATED" not in env and vllm_switch.ENV_MAX_ROWS not in env
+    assert vllm_switch.settings_from_env(env).shadow
+    with pytest.raises(UserError) as err:
+        vllm_switch.env_for(on, "/draftscope/run", {vllm_switch.ENV_K: "many"})
+    assert err.value.field == vllm_switch.ENV_K
+    assert vllm_switch.env_for(SimpleNamespace(experimental_prefix=False), "/r", host) == {}
 
 
 @pytest.mark.parametrize("name", [vllm_switch.ENV_K, vllm_switch.ENV_READ_EVERY, vllm_switch.ENV_MAX_ROWS])
