@@ -1,0 +1,35 @@
+"""A pipeline stage's live progress, read from what it writes while it runs: the rows it appends (regen,
+pretokenize: `rows.jsonl`, and regen's `errors.jsonl`) against the rows it reads, where both are JSON-lines files,
+and otherwise the last line of its log (a trainer's step, a server starting). Rendered by `core.progress.Watch`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftscope.core.progress import Reading, count_lines, last_line
+from draftscope.pipeline.plan import StagePlan
+
+ROW_OUTPUTS = ("rows", "errors")  # the files a row-by-row stage appends to, one line per input row
+ROW_INPUTS = ("rows", "chat")
+
+
+def _jsonl(path: Path) -> bool:
+    return path.suffix == ".jsonl"
+
+
+class StageProbe:
+    """Rows done of the rows read (a row-by-row stage), with the log's last line; else that line alone."""
+
+    def __init__(self, sp: StagePlan, log: Path) -> None:
+        self.log = log
+        self.outputs = [a.path for a in sp.outputs if a.name in ROW_OUTPUTS and _jsonl(a.path)]
+        sources = [a.path for a in sp.inputs if a.name in ROW_INPUTS and _jsonl(a.path)]
+        self.total = count_lines(sources[0]) if self.outputs and sources else None
+
+    def __call__(self) -> Reading:
+        note = last_line(self.log)
+        if not self.outputs:
+            return Reading(note=note)
+        counts = [count_lines(p) for p in self.outputs]
+        done = sum(c for c in counts if c is not None)
+        return Reading(done, self.total, note=note)
