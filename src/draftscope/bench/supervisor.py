@@ -199,7 +199,7 @@ def _run_steps(
         if not outcome.ok:
             code = f" (exit code {outcome.exit_code})" if outcome.exit_code is not None else ""
             say(f"{step.name}: {outcome.status}{code} after {outcome.seconds:.1f} s")
-            print_tail(outcome.log, say, what=f"step '{step.name}'")
+            print_tail(outcome.log, say)
         steps_state.append(
             {
                 "name": step.name,

@@ -92,12 +92,12 @@ def tail_lines(path: Path | None, lines: int = 20) -> list[str]:
     return text.rstrip("\n").splitlines()[-lines:]
 
 
-def print_tail(path: Path | None, say: Printer, lines: int = 20, what: str = "the step") -> None:
+def print_tail(path: Path | None, say: Printer, lines: int = 20) -> None:
     """A failed step's log tail, one printed line per log line, each prefixed alike."""
     found = tail_lines(path, lines)
     if not found:
         return
-    say(f"last {len(found)} lines of {what}'s log ({path}):")
+    say(f"last {len(found)} lines of {path}:")
     for line in found:
         say(TAIL_PREFIX + line)
 
@@ -137,6 +137,7 @@ class Watch:
         self._started = self._said = self.clock()
         if self.tty:
             self._open_bar()
+        self._poll()  # a first reading at once: the total, the phase
         self._thread.start()
         return self
 
@@ -220,7 +221,6 @@ class Watch:
             SpinnerColumn,
             TextColumn,
             TimeElapsedColumn,
-            TimeRemainingColumn,
         )
 
         self._bar = Progress(
@@ -230,21 +230,22 @@ class Watch:
             MofNCompleteColumn(),
             TextColumn("{task.fields[rate]}"),
             TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            TextColumn("{task.fields[eta]}"),
             TextColumn("{task.fields[note]}"),
             transient=False,
         )
-        self._task = self._bar.add_task(self.label, total=None, rate="", note="")
+        self._task = self._bar.add_task(self.label, total=None, rate="", eta="", note="")
         self._bar.start()
 
     def _update_bar(self, reading: Reading) -> None:
         assert self._bar is not None
+        eta = self.eta(reading, self.clock() - self._started)
         self._bar.update(
             self._task,
             completed=reading.done or 0,
             total=reading.total,
             rate=reading.rate,
+            eta=f"ETA {_clock(eta)}" if eta is not None else "",
             note=reading.note[:60],
         )
 

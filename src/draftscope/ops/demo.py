@@ -202,7 +202,7 @@ def run_step(step: Step, demo: Demo, say: Callable[[str], None] = print) -> None
         code = run_streamed([step.python, *words], log, say=say, label=step.key, env=env)
         if code != 0:
             step.seconds = time.monotonic() - started
-            print_tail(log, say, what=f"demo step '{step.key}'")
+            print_tail(log, say)
             raise UserError(
                 f"demo step '{step.title}' failed (exit {code}); the last lines of its log are above",
                 fix=f"read {log}",

@@ -337,7 +337,7 @@ def run_stage(
     state.write_record(plan.workdir, record)
     say(f"{name}: {status}" + (f" ({why})" if why else "") + f" in {outcome.seconds:.1f} s")
     if not outcome.ok:
-        print_tail(outcome.log, say, what=f"stage {name}")
+        print_tail(outcome.log, say)
     return StageOutcome(name, status, why, outcome.seconds)
 
 

@@ -129,8 +129,8 @@ def test_failure_tail_is_printed_as_lines(tmp_path: Path) -> None:
     log = tmp_path / "step.log"
     log.write_text("".join(f"line {i}\n" for i in range(30)))
     said: list[str] = []
-    print_tail(log, said.append, what="step 'benchmark'")
-    assert said[0] == f"last 20 lines of step 'benchmark''s log ({log}):"
+    print_tail(log, said.append)
+    assert said[0] == f"last 20 lines of {log}:"
     assert said[1:] == [f"{TAIL_PREFIX}line {i}" for i in range(10, 30)]
     print_tail(tmp_path / "absent.log", said.append)
     assert len(said) == 21

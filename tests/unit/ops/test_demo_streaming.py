@@ -40,7 +40,7 @@ def test_a_failed_step_prints_its_log_tail_as_lines(tmp_path: Path) -> None:
         run_step(step, demo, said.append)
     log = tmp_path / "logs" / "broken.log"
     assert said[0] == f"    log: {log}"
-    header = said.index(f"last 20 lines of demo step 'broken''s log ({log}):")
+    header = said.index(f"last 20 lines of {log}:")
     assert said[header + 1 :] == [f"{TAIL_PREFIX}line {i}" for i in range(10, 30)]
     message = caught.value.render()
     assert "exit 3" in message and "\n" not in message and str(log) in message
