@@ -6,6 +6,8 @@ elsewhere. The Slurm executor's submitting side follows a run in its job the sam
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,12 @@ PHASES = {
 class RecordsProbe:
     """Reads the records appended since the last call (a line cut short is left for the next one)."""
 
-    def __init__(self, path: Path, total: int) -> None:
-        self.path, self.total = path, total
+    def __init__(self, path: Path, total: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.total, self.clock = path, total, clock
         self.done = 0
         self.tokens = 0
         self.seconds = 0.0
-        self.timed = 0  # records with a duration
+        self.measuring_since: float | None = None  # when the first request began, by this clock
         self.latest = ""
         self._offset = 0
 
@@ -41,8 +43,11 @@ class RecordsProbe:
             if isinstance(record, dict):
                 self._add(record)
         rate = f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds > 0 else ""
-        # The time left from the requests' own mean duration: the model's loading and warm-up are behind.
-        eta = self.seconds / self.timed * (self.total - self.done) if self.timed else None
+        # The time left at the pace of the requests so far, measured from the start of the first (the model's
+        # loading and warm-up are behind it): what a request costs end to end, its record's writing included.
+        eta = None
+        if self.measuring_since is not None and self.done:
+            eta = (self.clock() - self.measuring_since) / self.done * (self.total - self.done)
         return Reading(self.done, self.total, rate, self.latest or self._phase(), eta)
 
     def _add(self, r: dict[str, Any]) -> None:
@@ -51,7 +56,8 @@ class RecordsProbe:
         if isinstance(tokens, int) and isinstance(seconds, (int, float)) and seconds > 0:
             self.tokens += tokens
             self.seconds += seconds
-            self.timed += 1
+        if self.measuring_since is None:
+            self.measuring_since = self.clock() - (seconds if isinstance(seconds, (int, float)) else 0.0)
         acc = r.get("acceptance_lengths")
         per_step = f", {sum(acc) / len(acc):.2f} tokens/step" if isinstance(acc, list) and acc else ""
         tok_s = r.get("request_tok_s")

@@ -80,12 +80,14 @@ def test_half_written_lines_wait_for_their_end(tmp_path: Path) -> None:
     path.write_text(record(0) + "\n" + record(1)[:20])
     lines, offset = complete_lines(path)
     assert len(lines) == 1 and offset == len(record(0)) + 1
-    probe = RecordsProbe(path, 3)
-    assert probe().done == 1
+    now = [10.0]
+    probe = RecordsProbe(path, 3, clock=lambda: now[0])
+    assert probe().done == 1  # the first request began 0.5 s before it was seen
     with path.open("a") as out:
         out.write(record(1)[20:] + "\nnot json\n")
+    now[0] = 12.5
     reading = probe()
-    assert reading.done == 2 and reading.eta == pytest.approx(0.5)  # a bad line is skipped, never fatal
+    assert reading.done == 2 and reading.eta == pytest.approx(1.5)  # a bad line is skipped, never fatal
     assert complete_lines(tmp_path / "absent.jsonl") == ([], 0)
 
 
