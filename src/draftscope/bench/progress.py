@@ -35,6 +35,7 @@ class RecordsProbe:
 
     def __call__(self) -> Reading:
         lines, self._offset = complete_lines(self.path, self._offset)
+        events = []
         for line in lines:
             try:
                 record = json.loads(line)
@@ -42,13 +43,14 @@ class RecordsProbe:
                 continue  # not a record (a torn write is repaired by the supervisor, not counted here)
             if isinstance(record, dict):
                 self._add(record)
+                events.append(self.latest)
         rate = f"{self.tokens / self.seconds:.1f} tok/s" if self.seconds > 0 else ""
         # The time left at the pace of the requests so far, measured from the start of the first (the model's
         # loading and warm-up are behind it): what a request costs end to end, its record's writing included.
         eta = None
         if self.measuring_since is not None and self.done:
             eta = (self.clock() - self.measuring_since) / self.done * (self.total - self.done)
-        return Reading(self.done, self.total, rate, self.latest or self._phase(), eta)
+        return Reading(self.done, self.total, rate, self.latest or self._phase(), eta, tuple(events))
 
     def _add(self, r: dict[str, Any]) -> None:
         self.done += 1

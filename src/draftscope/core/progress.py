@@ -24,14 +24,16 @@ TAIL_PREFIX = "  | "
 
 @dataclass(frozen=True)
 class Reading:
-    """What a probe saw: `done` of `total` units (None: not known), a rate already worded, a free note, and the
-    seconds left when the probe knows better than the elapsed time does (loading excluded, say)."""
+    """What a probe saw: `done` of `total` units (None: not known), a rate already worded, a free note, the
+    seconds left when the probe knows better than the elapsed time does (loading excluded, say), and what each unit
+    done since the last reading was."""
 
     done: int | None = None
     total: int | None = None
     rate: str = ""
     note: str = ""
     eta: float | None = None
+    events: tuple[str, ...] = ()  # one per unit done since the last reading (the last is `note`): a line each
 
 
 Probe = Callable[[], Reading]
@@ -208,6 +210,11 @@ class Watch:
         if final and reading.done is not None and not moved:
             return  # the last line already said it
         if final or moved or now - self._said >= self.every:
+            if moved and reading.done is not None:  # the units that landed within one poll, a line each
+                of = f"/{reading.total}" if reading.total is not None else ""
+                first = reading.done - len(reading.events) + 1
+                for i, event in enumerate(reading.events[:-1]):
+                    self.say(f"{self.label}: {first + i}{of} {self.unit} — {event}")
             self.say(self.line(reading))
             self._said, self._said_done = now, reading.done
 

@@ -73,6 +73,24 @@ def test_plain_lines_keep_coming_and_the_final_count_is_right(tmp_path: Path) ->
     assert "p5 repeat 0: 10 tokens, 20.0 tok/s, 2.50 tokens/step" in texts[-1]
     assert progress.probe.done == 6  # no half-written line counted twice or as a record
     assert sum("6/6" in t for t in texts) == 1  # the end is said once
+    for i in range(6):  # a line for each request, naming it
+        assert sum(t.startswith(f"benchmark: {i + 1}/6 requests") and f"p{i} " in t for t in texts) == 1
+
+
+def test_requests_landing_within_one_poll_get_a_line_each(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    said: list[str] = []
+    watch = Watch(
+        "benchmark", RecordsProbe(path, 4), say=said.append, unit="requests", interval=60, tty=False
+    )
+    watch.start()  # the first reading: nothing yet
+    path.write_text("".join(record(i) + "\n" for i in range(3)))
+    watch.stop()  # the last reading sees three at once
+    assert said[1] == "benchmark: 1/4 requests — p0 repeat 0: 10 tokens, 20.0 tok/s, 2.50 tokens/step"
+    assert said[2].startswith("benchmark: 2/4 requests — p1 ")
+    assert said[3].startswith("benchmark: 3/4 requests, 20.0 tok/s, ")
+    assert said[3].endswith("— p2 repeat 0: 10 tokens, 20.0 tok/s, 2.50 tokens/step")
+    assert len(said) == 4
 
 
 def test_half_written_lines_wait_for_their_end(tmp_path: Path) -> None:
