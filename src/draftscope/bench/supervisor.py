@@ -197,7 +197,9 @@ def _run_steps(
         if explain is not None:
             outcome = explain(outcome)
         if not outcome.ok:
-            code = f" (exit code {outcome.exit_code})" if outcome.exit_code is not None else ""
+            code = "" if outcome.exit_code is None else f" (exit code {outcome.exit_code})"
+            if outcome.exit_code is not None and outcome.exit_code < 0:
+                code = f" (signal {-outcome.exit_code})"
             say(f"{step.name}: {outcome.status}{code} after {outcome.seconds:.1f} s")
             print_tail(outcome.log, say)
         steps_state.append(
