@@ -1,7 +1,7 @@
 """`make demo` / `invoke demo`: the whole kit on a CPU in minutes, on models it builds itself, nothing downloaded.
 
 Steps, each a real command run as a user would run it (its output in `<demo>/logs/<step>.log`, and shown as it
-comes, with a line at least every 5 s), with a progress line and its duration:
+comes, with a line at least every 6 s), with a progress line and its duration:
 
 1. check the shipped tiny models against the hashes in presets/models/tiny.yaml (a mismatch is an error — the
    demo never rebuilds them silently);
