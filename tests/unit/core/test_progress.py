@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -168,6 +169,9 @@ def test_stage_probe_counts_rows_of_the_input(tmp_path: Path) -> None:
             Artifact("summary", tmp_path / "s.json"),
         ],
     )
+    rows.write_text("{}\n" * 8)  # a previous run's
+    old = time.time() - 60
+    os.utime(rows, (old, old))
     probe = StageProbe(sp, log)  # type: ignore[arg-type]
     assert probe() == Reading(0, 8)
     rows.write_text("{}\n" * 5 + "{")
