@@ -1,11 +1,12 @@
 """A pipeline stage's live progress, read from what it writes while it runs: the rows it appends (regen,
 pretokenize: `rows.jsonl`, and regen's `errors.jsonl`) against the rows it reads, where both are JSON-lines files,
-and otherwise the last line of its log (a trainer's step, a server starting). Only outputs written since the stage
-started count: a rerun's old rows are not its progress (regen, resuming, appends to its file and counts once it
-has). Rendered by `core.progress.Watch`."""
+and otherwise the last line of its log (a server starting; a trainer's `global_step=N`, counted as steps). Only
+outputs written since the stage started count: a rerun's old rows are not its progress (regen, resuming, appends
+to its file and counts once it has). Rendered by `core.progress.Watch`."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -20,12 +21,16 @@ def _jsonl(path: Path) -> bool:
     return path.suffix == ".jsonl"
 
 
+STEP = re.compile(r"\bglobal_step=(\d+)")
+
+
 class StageProbe:
     """Rows done of the rows read (a row-by-row stage), with the log's last line; else that line alone."""
 
     def __init__(self, sp: StagePlan, log: Path) -> None:
         self.log = log
         self.outputs = [a.path for a in sp.outputs if a.name in ROW_OUTPUTS and _jsonl(a.path)]
+        self.unit = "rows" if self.outputs else "steps"
         sources = [a.path for a in sp.inputs if a.name in ROW_INPUTS and _jsonl(a.path)]
         self.total = count_lines(sources[0]) if self.outputs and sources else None
         self.since = time.time()  # an output not written since is a previous run's (a rerun with --force)
@@ -39,7 +44,8 @@ class StageProbe:
     def __call__(self) -> Reading:
         note = last_line(self.log)
         if not self.outputs:
-            return Reading(note=note)
+            step = STEP.search(note)  # speculators' trainer logs `global_step=N`
+            return Reading(int(step[1]) if step else None, note=note)
         counts = [count_lines(p) for p in self.outputs if self._written(p)]
         done = sum(c for c in counts if c is not None)
         return Reading(done, self.total, note=note)

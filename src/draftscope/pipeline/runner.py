@@ -303,7 +303,8 @@ def run_stage(
     if execute is None:  # (a Slurm job's output is named by its executor)
         say(f"{name}: log: {log}")
     started_at = now()
-    with watching(name, StageProbe(sp, log), say=say, unit="rows"):
+    probe = StageProbe(sp, log)
+    with watching(name, probe, say=say, unit=probe.unit):
         outcome = (execute or runtime.run)(sp.step, ctx)
     result = read_json(result_file, expect=dict) if result_file.is_file() else {}
     status, why = outcome.status, outcome.reason

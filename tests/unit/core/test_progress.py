@@ -179,4 +179,6 @@ def test_stage_probe_counts_rows_of_the_input(tmp_path: Path) -> None:
     log.write_text("server up\n\nrow 6 done\n")
     assert probe() == Reading(6, 8, note="row 6 done")
     train = StageProbe(SimpleNamespace(inputs=[], outputs=[Artifact("dataset", tmp_path)]), log)  # type: ignore[arg-type]
-    assert train() == Reading(note="row 6 done")
+    assert train() == Reading(note="row 6 done") and train.unit == "steps" and probe.unit == "rows"
+    log.write_text("epoch 0\n{'loss': 3.1, 'global_step=12'}\n")
+    assert train().done == 12
