@@ -64,18 +64,22 @@ def count_lines(path: Path) -> int | None:
         return None
 
 
-def last_line(path: Path | None, width: int = 100) -> str:
-    """The last non-empty line of a log, cut to `width` characters ('' when there is none)."""
+def tail_text(path: Path | None, size: int = 8192) -> str:
+    """The last `size` bytes of a file, as text ('' when it cannot be read)."""
     if path is None:
         return ""
     try:
         with path.open("rb") as handle:
             handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - 8192))
-            data = handle.read().decode("utf-8", errors="replace")
+            handle.seek(max(0, handle.tell() - size))
+            return handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def last_line(path: Path | None, width: int = 100, text: str | None = None) -> str:
+    """The last non-empty line of a log (or of its `text` already read), cut to `width` characters."""
+    data = tail_text(path) if text is None else text
     lines = [line.strip() for line in data.replace("\r", "\n").splitlines() if line.strip()]
     if not lines:
         return ""

@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from draftscope.core.progress import Reading, count_lines, last_line
+from draftscope.core.progress import Reading, count_lines, last_line, tail_text
 from draftscope.pipeline.plan import StagePlan
 
 ROW_OUTPUTS = ("rows", "errors")  # the files a row-by-row stage appends to, one line per input row
@@ -22,6 +22,7 @@ def _jsonl(path: Path) -> bool:
 
 
 STEP = re.compile(r"\bglobal_step=(\d+)")
+EPOCH = re.compile(r"\bepoch (\d+)/(\d+)")
 
 
 class StageProbe:
@@ -31,6 +32,7 @@ class StageProbe:
         self.log = log
         self.outputs = [a.path for a in sp.outputs if a.name in ROW_OUTPUTS and _jsonl(a.path)]
         self.unit = "rows" if self.outputs else "steps"
+        self.epoch = ""
         sources = [a.path for a in sp.inputs if a.name in ROW_INPUTS and _jsonl(a.path)]
         self.total = count_lines(sources[0]) if self.outputs and sources else None
         self.since = time.time()  # an output not written since is a previous run's (a rerun with --force)
@@ -42,10 +44,16 @@ class StageProbe:
             return False
 
     def __call__(self) -> Reading:
-        note = last_line(self.log)
+        text = tail_text(self.log)
+        note = last_line(None, text=text)
         if not self.outputs:
-            step = STEP.search(note)  # speculators' trainer logs `global_step=N`
-            return Reading(int(step[1]) if step else None, note=note)
+            # speculators' trainer logs `global_step=N` and `Training epoch E/N started`
+            # (kept between polls: an epoch's line soon leaves the log's tail, which each poll reads afresh)
+            steps, epochs = STEP.findall(text), EPOCH.findall(text)
+            self.epoch = f"epoch {epochs[-1][0]}/{epochs[-1][1]}" if epochs else self.epoch
+            if self.epoch:
+                note = f"{self.epoch}; {note}"
+            return Reading(int(steps[-1]) if steps else None, note=note)
         counts = [count_lines(p) for p in self.outputs if self._written(p)]
         done = sum(c for c in counts if c is not None)
         return Reading(done, self.total, note=note)

@@ -180,5 +180,7 @@ def test_stage_probe_counts_rows_of_the_input(tmp_path: Path) -> None:
     assert probe() == Reading(6, 8, note="row 6 done")
     train = StageProbe(SimpleNamespace(inputs=[], outputs=[Artifact("dataset", tmp_path)]), log)  # type: ignore[arg-type]
     assert train() == Reading(note="row 6 done") and train.unit == "steps" and probe.unit == "rows"
-    log.write_text("epoch 0\n{'loss': 3.1, 'global_step=12'}\n")
-    assert train().done == 12
+    log.write_text("Training epoch 2/20 started\nloss=3.1,\nglobal_step=12\n")
+    assert train() == Reading(12, note="epoch 2/20; global_step=12")
+    log.write_text("global_step=13\n")  # the epoch's line has left the tail
+    assert train() == Reading(13, note="epoch 2/20; global_step=13")
