@@ -64,6 +64,8 @@ class RecordsProbe:
         per_step = f", {sum(acc) / len(acc):.2f} tokens/step" if isinstance(acc, list) and acc else ""
         tok_s = r.get("request_tok_s")
         speed = f", {tok_s:.1f} tok/s" if isinstance(tok_s, (int, float)) else ""
+        decode = r.get("decode_tok_s")
+        speed += f", decode {decode:.1f} tok/s" if isinstance(decode, (int, float)) and decode else ""
         self.latest = f"{r.get('prompt_id')} repeat {r.get('repeat')}: {tokens} tokens{speed}{per_step}"
 
     def _phase(self) -> str:

@@ -27,6 +27,7 @@ def record(i: int) -> str:
             "generated_tokens": 10,
             "request_seconds": 0.5,
             "request_tok_s": 20.0,
+            "decode_tok_s": None,
             "acceptance_lengths": [2, 3],
         }
     )
@@ -107,6 +108,9 @@ def test_half_written_lines_wait_for_their_end(tmp_path: Path) -> None:
     now[0] = 12.5
     reading = probe()
     assert reading.done == 2 and reading.eta == pytest.approx(1.5)  # a bad line is skipped, never fatal
+    with path.open("a") as out:
+        out.write(record(2).replace('"decode_tok_s": null', '"decode_tok_s": 30.0') + "\n")
+    assert probe().note == "p2 repeat 0: 10 tokens, 20.0 tok/s, decode 30.0 tok/s, 2.50 tokens/step"
     assert complete_lines(tmp_path / "absent.jsonl") == ([], 0)
 
 
