@@ -8,14 +8,28 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup plan train-env vllm-env demo base-image test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
+.PHONY: setup run-env plan train-env vllm-env demo base-image test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
 
 setup: $(VENV)/.installed
 
+# The full environment: the CPU runtime and the dev tools (tests, lint, triton, release). It also stands for the
+# lighter one below (both markers), so the demo after `make setup` installs nothing more.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
 	$(BIN)/python -m pip install --quiet -e '.[local,dev,export]'
+	touch $(VENV)/.installed-run $@
+
+# What the demo runs and no more: the kit and its CPU runtime (`.[local]`: torch, Transformers), without the dev
+# extra (triton alone is about 1 GB; the demo compiles no kernel). pip shows its progress here. INSTALL picks the
+# installer, e.g. `make demo INSTALL="uv pip install --python $(VENV)/bin/python"` where uv is on PATH.
+INSTALL ?= $(BIN)/python -m pip install
+run-env: $(VENV)/.installed-run
+
+$(VENV)/.installed-run: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(INSTALL) $(TORCH_SPEC)
+	$(INSTALL) -e '.[local]'
 	touch $@
 
 # Set-up, then the default experiment plan: what would run, in which image, on which pinned weights.
@@ -32,8 +46,8 @@ ENGINE_LOCK := images/vllm-cpu/requirements.lock
 
 $(TRAIN_VENV)/.installed: $(ENGINE_LOCK) pyproject.toml
 	$(PYTHON) -m venv $(TRAIN_VENV)
-	$(TRAIN_VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
-	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps --require-hashes -r $(ENGINE_LOCK)
+	$(TRAIN_VENV)/bin/python -m pip install $(TORCH_SPEC)
+	$(TRAIN_VENV)/bin/python -m pip install --no-deps --require-hashes -r $(ENGINE_LOCK)
 	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
@@ -44,7 +58,7 @@ vllm-env: train-env
 
 # The whole kit on a CPU in minutes: tiny baseline, speculative and prefix-head benchmarks, a head study, the tiny
 # pipeline through convert, validation, a report and comparisons (see src/draftscope/ops/demo.py).
-demo: setup train-env
+demo: run-env train-env
 	$(BIN)/invoke demo --train-python $(TRAIN_VENV)/bin/python
 
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.

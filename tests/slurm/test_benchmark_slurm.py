@@ -119,7 +119,8 @@ def test_a_benchmark_through_slurm_equals_a_local_run(cluster, past_its_limit, t
     assert done.returncode == 0, done.stdout + done.stderr
     job = job_id(remote)
     assert f"slurm: submitted job {job} (ds-slurm-benchmark)" in done.stdout
-    assert "[12/12] chat-multiturn repeat 0: 8 tokens" in done.stdout  # the records, as they landed
+    landed = [line for line in done.stdout.splitlines() if line.startswith("benchmark: 12/12 requests")]
+    assert landed and "chat-multiturn repeat 0: 8 tokens" in landed[-1]  # the records, as they landed
     assert done.stdout.rstrip().endswith(f"{remote}: completed")
 
     assert records(remote) == records(local) and len(records(local)) == 12

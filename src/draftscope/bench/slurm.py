@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.bench.plan import Plan, plan_benchmark
-from draftscope.bench.supervisor import Progress, context_for, preflight
+from draftscope.bench.progress import Progress
+from draftscope.bench.supervisor import context_for, preflight
 from draftscope.bench.supervisor import run_benchmark as supervise
 from draftscope.core.config import build as build_config
 from draftscope.core.config import to_dict

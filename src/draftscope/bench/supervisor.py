@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from draftscope.bench.plan import Plan, plan_benchmark
+from draftscope.bench.progress import Progress
 from draftscope.bench.stopping import expired, signal_words, stop_leftover_step, unfinished
 from draftscope.bench.worker import FAILPOINT
 from draftscope.core import hardware
@@ -29,6 +28,7 @@ from draftscope.core.hub import is_pinned
 from draftscope.core.jsonio import read_json
 from draftscope.core.platforms import require_linux
 from draftscope.core.presets import ExperimentConfig
+from draftscope.core.progress import print_tail
 from draftscope.core.provenance import shell_join, versions
 from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
 from draftscope.core.summary import read_records, summarize
@@ -188,6 +188,7 @@ def _run_steps(
         # Recorded as running before it starts: a supervisor killed outright leaves the step named.
         with contextlib.suppress(OSError):
             run.update(steps=[*steps_state, {"name": step.name, "status": "running", "argv": argv}])
+        say(f"{step.name}: started; log: {ctx.run_dir / 'logs' / f'{step.name}.log'}")
         if step.name == "benchmark":
             watcher.start()
         try:
@@ -196,6 +197,12 @@ def _run_steps(
             watcher.stop()
         if explain is not None:
             outcome = explain(outcome)
+        if not outcome.ok:
+            code = "" if outcome.exit_code is None else f" (exit code {outcome.exit_code})"
+            if outcome.exit_code is not None and outcome.exit_code < 0:
+                code = f" (signal {-outcome.exit_code})"
+            say(f"{step.name}: {outcome.status}{code} after {outcome.seconds:.1f} s")
+            print_tail(outcome.log, say)
         steps_state.append(
             {
                 "name": step.name,
@@ -319,46 +326,3 @@ def _reason(plan: Plan, outcome: Outcome) -> str | None:
     if any(m in text for m in markers):
         return f"out of memory (step '{outcome.step}', exit code {outcome.exit_code}); see {outcome.log.name}"
     return outcome.reason
-
-
-class Progress:
-    """Reports each finished record while the worker runs (a line per record; the file is the source of truth).
-    The Slurm executor's submitting side watches a run in its job the same way."""
-
-    def __init__(self, path: Path, total: int, say: Printer, interval: float = 0.5) -> None:
-        self.path, self.total, self.say, self.interval = path, total, say, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._seen = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._report()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._report()
-
-    def _report(self) -> None:
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            return
-        for line in lines[self._seen :]:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                break  # being written; next round
-            self._seen += 1
-            dec = f", decode {r['decode_tok_s']:.1f} tok/s" if r.get("decode_tok_s") else ""
-            acc = r.get("acceptance_lengths")
-            acc_s = f", {sum(acc) / len(acc):.2f} tokens/step" if acc else ""
-            self.say(
-                f"  [{self._seen}/{self.total}] {r['prompt_id']} repeat {r['repeat']}: "
-                f"{r['generated_tokens']} tokens, {r['request_tok_s']:.1f} tok/s{dec}{acc_s}"
-            )

@@ -1,7 +1,7 @@
 """`make demo` / `invoke demo`: the whole kit on a CPU in minutes, on models it builds itself, nothing downloaded.
 
-Steps, each a real command run as a user would run it (its output in `<demo>/logs/<step>.log`), with a progress
-line and its duration:
+Steps, each a real command run as a user would run it (its output in `<demo>/logs/<step>.log`, and shown as it
+comes, with a line at least every 6 s), with a progress line and its duration:
 
 1. check the shipped tiny models against the hashes in presets/models/tiny.yaml (a mismatch is an error — the
    demo never rebuilds them silently);
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,8 +34,10 @@ from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.outputs import check_output_path
 from draftscope.core.presets import load_model_preset
+from draftscope.core.progress import print_tail
 from draftscope.core.provenance import now
 from draftscope.core.summary import read_records
+from draftscope.ops.streaming import run_streamed
 
 PROMPTS = "examples/prompts.json"
 REPEATS = 3
@@ -182,8 +183,9 @@ def plan_steps(demo: Demo) -> list[Step]:
     ]
 
 
-def run_step(step: Step, demo: Demo) -> None:
-    """Run one step (several commands joined by `&&` run in turn); its output goes to its log."""
+def run_step(step: Step, demo: Demo, say: Callable[[str], None] = print) -> None:
+    """Run one step (several commands joined by `&&` run in turn); its output goes to its log and, line by line,
+    to `say`."""
     log = demo.root / "logs" / f"{step.key}.log"
     commands: list[list[str]] = [[]]
     for word in step.argv:
@@ -193,20 +195,18 @@ def run_step(step: Step, demo: Demo) -> None:
             commands[-1].append(word)
     started = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("ab") as out:
-        for words in commands:
+    say(f"    log: {log}")
+    for words in commands:
+        with log.open("ab") as out:
             out.write(("$ " + " ".join(["python", *words]) + "\n").encode())
-            out.flush()
-            code = subprocess.run(
-                [step.python, *words], stdout=out, stderr=subprocess.STDOUT, env=env, check=False
-            ).returncode
-            if code != 0:
-                step.seconds = time.monotonic() - started
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-                raise UserError(
-                    f"demo step '{step.title}' failed (exit {code}); last lines of {log}:\n{tail}",
-                    fix=f"read {log}",
-                )
+        code = run_streamed([step.python, *words], log, say=say, label=step.key, env=env)
+        if code != 0:
+            step.seconds = time.monotonic() - started
+            print_tail(log, say)
+            raise UserError(
+                f"demo step '{step.title}' failed (exit {code}); the last lines of its log are above",
+                fix=f"read {log}",
+            )
     step.seconds = time.monotonic() - started
     step.ok = True
 
@@ -345,7 +345,7 @@ def main(*, output: str | None, train_python: str | None, say: Callable[[str], N
     say(f"draftscope demo → {root}")
     for i, step in enumerate(demo.steps, 1):
         say(f"[{i}/{len(demo.steps)}] {step.title} …")
-        run_step(step, demo)
+        run_step(step, demo, say)
         say(
             f"[{i}/{len(demo.steps)}] {step.title}: done in {step.seconds:.1f} s "
             f"(total {time.monotonic() - started:.0f} s)"

@@ -30,12 +30,14 @@ from draftscope.core.errors import UserError
 from draftscope.core.hardware import nvidia_gpus_present
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
 from draftscope.core.platforms import refusal
+from draftscope.core.progress import print_tail, watching
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.core.schema import problems
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import state
 from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, ResolvedInstance, StageContext, check_ports_free
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
+from draftscope.pipeline.progress import StageProbe
 from draftscope.runtime import Context, Outcome, Runtime
 from draftscope.runtime.step import Step
 from draftscope.tiny.assets import require_files
@@ -297,8 +299,13 @@ def run_stage(
     result_file = stages_dir / f"{name}.result.json"
     result_file.unlink(missing_ok=True)
     say(f"{name}: running in {sp.step.image if runtime.name != 'local' else 'this environment'}")
+    log = ctx.run_dir / "logs" / f"{sp.step.name}.log"
+    if execute is None:  # (a Slurm job's output is named by its executor)
+        say(f"{name}: log: {log}")
     started_at = now()
-    outcome = (execute or runtime.run)(sp.step, ctx)
+    probe = StageProbe(sp, log)
+    with watching(name, probe, say=say, unit=probe.unit):
+        outcome = (execute or runtime.run)(sp.step, ctx)
     result = read_json(result_file, expect=dict) if result_file.is_file() else {}
     status, why = outcome.status, outcome.reason
     notes = list(sp.notes)
@@ -330,6 +337,8 @@ def run_stage(
     }
     state.write_record(plan.workdir, record)
     say(f"{name}: {status}" + (f" ({why})" if why else "") + f" in {outcome.seconds:.1f} s")
+    if not outcome.ok:
+        print_tail(outcome.log, say)
     return StageOutcome(name, status, why, outcome.seconds)
 
 
