@@ -17,7 +17,8 @@ as verified evidence), and it does not fail verify. Without git history (an sdis
 the order cannot be checked: verify says so in a `warn` finding and fails only with `--strict`.
 
 `invoke evidence.add` refuses a checkout with uncommitted changes (`git status --porcelain`, untracked files
-included) and a run or report whose `$.kit` says the tree was dirty or does not say (`check_addable`).
+included; the new evidence files and SHA256SUMS that earlier adds wrote are allowed, to be committed together) and
+a run or report whose `$.kit` says the tree was dirty or does not say (`check_addable`).
 """
 
 from __future__ import annotations
@@ -89,11 +90,22 @@ def history(root: Path) -> History | str:
 
 
 def dirty_paths(root: Path) -> list[str] | None:
-    """The checkout's uncommitted changes (untracked files included, ignored ones not); None outside a checkout."""
-    if _git(root, "rev-parse", "--show-toplevel") is None:
+    """The checkout's uncommitted changes (untracked files included, ignored ones not), except what `add` itself
+    writes: new files under research/evidence/ and the changed SHA256SUMS, so that several results can be added
+    before one commit. None outside a checkout."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None:
         return None
-    status = _git(root, "status", "--porcelain", "--untracked-files=all")
-    return [] if status is None else [line[3:] for line in status.splitlines() if line.strip()]
+    prefix = root.resolve().relative_to(Path(top.strip()).resolve()).as_posix()
+    prefix = "" if prefix == "." else prefix + "/"
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--no-renames")
+    changed = []
+    for line in (status or "").splitlines():
+        code, path = line[:2], line[3:]
+        added = code in ("??", "A ") and path.startswith(f"{prefix}evidence/")
+        if line.strip() and not added and not (code.strip() == "M" and path == f"{prefix}SHA256SUMS"):
+            changed.append(path)
+    return changed
 
 
 def check_clean_checkout(root: Path) -> None:

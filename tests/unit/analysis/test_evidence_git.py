@@ -149,13 +149,20 @@ def test_add_refuses_a_dirty_checkout_and_a_dirty_run(repo, tmp_path, monkeypatc
     with pytest.raises(UserError, match=r"uncommitted changes \(1 path\(s\), first: notes.txt\)"):
         evidence.add(repo / "research", measured(tmp_path, monkeypatch, frozen), STUDY)
     (repo / "notes.txt").unlink()
+    evidence.add(repo / "research", measured(tmp_path, monkeypatch, frozen, name="aa-3"), STUDY)
+    # What add wrote (new evidence, SHA256SUMS) is not a dirty checkout: results are added, then committed together.
+    evidence.add(repo / "research", measured(tmp_path, monkeypatch, frozen, name="aa-4"), STUDY)
+    (repo / "research" / "studies" / f"{STUDY}.yaml").write_text("edited\n")
+    with pytest.raises(UserError, match=f"first: research/studies/{STUDY}.yaml"):
+        evidence.add(repo / "research", measured(tmp_path, monkeypatch, frozen, name="aa-5"), STUDY)
+    git(repo, "checkout", "--", f"research/studies/{STUDY}.yaml")
     dirty = measured(tmp_path, monkeypatch, frozen, dirty=True, name="aa-2")
     with pytest.raises(
         UserError, match=r"\$\.kit\.git_dirty: made from a dirty tree.*\(got 'true'\)"
     ) as caught:
         evidence.add(repo / "research", dirty, STUDY)
     assert "commit every change" in str(caught.value)
-    assert git(repo, "status", "--porcelain") == ""  # nothing was copied
+    assert "aa-2" not in git(repo, "status", "--porcelain", "--untracked-files=all")  # nothing was copied
 
 
 def test_superseded_evidence_is_kept_and_reported_not_counted(repo, tmp_path, monkeypatch):
