@@ -139,8 +139,8 @@ def mutated(value, factor):
         return not value
     if isinstance(value, int):
         return value + max(1, int(factor))
-    if isinstance(value, float):
-        return value * (1 + factor / 100)  # at least 1e-4 relative: far outside the 1e-9 tolerance
+    if isinstance(value, float):  # at least 1e-4 relative (or 0.01 from zero): far outside the 1e-9 tolerance
+        return value * (1 + factor / 100) if value else factor
     if isinstance(value, str):
         return value + "x"
     if value is None:
