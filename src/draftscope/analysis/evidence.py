@@ -15,7 +15,9 @@ admission rule; a measurement study (`kind: measurement`) holds the reports of o
 --output X.json`, or a `head-study` study.json), made with the options its protocol froze.
 
 `verify` checks every hash (a changed, missing or unlisted file fails, named) and validates every artifact against
-its schema; a measurement must also match its study's frozen task and options. `add` copies a run, a comparison or
+its schema; a measurement must also match its study's frozen task and options; then, through git history, that
+each study's protocol was committed before its results and each result measured from a clean commit holding it
+(analysis/evidence_git.py, which also reads SUPERSEDED.yaml: evidence kept, hash-checked, never counted). `add` copies a run, a comparison or
 a measurement in — never over an existing one — and appends only the new files' hashes: existing lines are never
 recomputed, so adding cannot bless a file changed since it was summed. A JSON file is told apart by its content: a
 head-bench report (`kind: head-bench`) or a head-study study.json is a measurement, anything else a comparison.
@@ -31,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftscope.analysis import evidence_git
 from draftscope.core import schema as schemas
 from draftscope.core.config import load_yaml
 from draftscope.core.errors import UserError
@@ -50,10 +53,12 @@ class Finding:
     ok: bool
     file: str
     detail: str = ""
+    tag: str = ""  # `warn` or `superseded` in place of ok (analysis/evidence_git.py)
 
     def line(self) -> str:
         sep = " " if self.detail.startswith("(") else ": "  # "(schema) …" reads like `invoke validate`
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.file}" + (sep + self.detail if self.detail else "")
+        tag = self.tag or ("ok  " if self.ok else "FAIL")
+        return f"{tag} {self.file}" + (sep + self.detail if self.detail else "")
 
 
 def research_dir(root: Path | str | None = None) -> Path:
@@ -211,12 +216,14 @@ def write_sums(root: Path, sums: dict[str, str]) -> None:
     atomic_write_text(root / SUMS, "".join(f"{digest}  {rel}\n" for rel, digest in sorted(sums.items())))
 
 
-def verify(root: Path) -> list[Finding]:
-    """Hashes first (every listed file, every unlisted one), then each artifact against its schema."""
+def verify(root: Path, *, strict: bool = False) -> list[Finding]:
+    """Hashes first (every listed file, every unlisted one), then each artifact against its schema, then the git
+    history (analysis/evidence_git.py: each protocol committed before its results, each result measured from a
+    clean commit; `strict` fails where there is no history to check)."""
     root = Path(root)
     if not root.is_dir():
         raise UserError("no research folder", source=str(root), fix="run from a checkout or pass --root")
-    return check_hashes(root) + _schema_findings(root)
+    return check_hashes(root) + _schema_findings(root) + evidence_git.findings(root, Finding, strict=strict)
 
 
 def check_hashes(root: Path) -> list[Finding]:
@@ -352,6 +359,7 @@ def add(root: Path, source: Path, study: str, *, scrub: Callable[[Path], object]
     returns the new files. `scrub`, given each copied run directory and measurement before they are summed, may
     rewrite them in place (the command line passes share's host-path rewrite)."""
     root, source = Path(root), Path(source)
+    evidence_git.check_clean_checkout(root)  # outside a git checkout there is nothing to check here
     failures = [f for f in verify(root) if not f.ok]
     if failures:
         raise UserError(
@@ -402,6 +410,7 @@ def _add_run(root: Path, source: Path, study: str) -> list[str]:
         raise UserError(
             f"the run is still '{manifest['status']}'", source=str(source), fix="add a finished run"
         )
+    evidence_git.check_addable(manifest, str(source / MANIFEST))
     dest = (
         root / "evidence" / study / "runs" / check_run_id(manifest["run_id"], source=str(source / MANIFEST))
     )
@@ -444,6 +453,8 @@ def _add_measurement(root: Path, source: Path, doc: dict, study: dict) -> list[s
     assert task is not None
     schemas.check(doc, task, str(source))
     problem = measurement_problem(study, doc)
+    if not problem:
+        evidence_git.check_addable(doc, str(source))
     if problem:
         fix = (
             "add a report made with the study's frozen options"

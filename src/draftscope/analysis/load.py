@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from draftscope.core import integrity
 from draftscope.core import schema as schemas
 from draftscope.core.config import build
 from draftscope.core.errors import UserError
@@ -169,21 +170,18 @@ def load_run(path: Path | str) -> Run:
     schemas.check(manifest, "run-manifest", str(path / MANIFEST))
     check_run_id(manifest["run_id"], source=str(path / MANIFEST))  # it names comparison files
     records, notes = read_records(path / RECORDS)
-    summary = None
     if (path / SUMMARY).is_file():
-        summary = read_json(path / SUMMARY, expect=dict)
-        if schemas.problems(summary, "summary") or summary.get("records") != len(records):
-            notes.append(
-                "summary.json does not match the records; the figures here are computed from the records"
-            )
-            summary = None
-    if summary is None:
+        partial = manifest["status"] != "completed" if manifest["status"] in FINAL else None
+        summary = _checked_summary(path, read_json(path / SUMMARY, expect=dict), records, partial)
+        if "records_sha256" not in summary:
+            notes.append(f"summary.json: {integrity.MISSING_HASH}")
+        summary = integrity.recompute(summary, records, integrity.prompt_ids(path), partial)
+    else:
         prompt_ids = list(dict.fromkeys(r["prompt_id"] for r in records))
         summary = summarize(
             manifest["run_id"], records, prompt_ids, partial=manifest["status"] != "completed"
         )
-        if not (path / SUMMARY).is_file():
-            notes.append("no summary.json (the run did not finish); figures computed from its records")
+        notes.append("no summary.json (the run did not finish); figures computed from its records")
     if manifest["status"] not in FINAL:
         state = liveness(path, manifest["status"])
         if state.state == "gone":
@@ -191,6 +189,23 @@ def load_run(path: Path | str) -> Run:
         elif state.state == "live":
             notes.append(f"{state.describe()}: its figures are still growing")
     return Run(path, manifest, records, summary, notes)
+
+
+def _checked_summary(path: Path, summary: dict, records: list[dict[str, Any]], partial: bool | None) -> dict:
+    """The stored summary when it follows from the records (core/integrity.py); any disagreement is refused,
+    naming the field, so `analyze` and `compare` can never show different figures for one run."""
+    problems = [f"{p.path}: {p.message}" for p in schemas.problems(summary, "summary")]
+    if not problems and summary["records"] != len(records):
+        problems.append(f"$.records: says {summary['records']} but records.jsonl has {len(records)}")
+    if not problems:
+        problems = integrity.problems(path, summary, records, partial if "partial" in summary else None)
+    if problems:
+        raise UserError(
+            problems[0],
+            source=str(path / SUMMARY),
+            fix="the run's summary and records disagree: re-run it (or `invoke validate` it to see every problem)",
+        )
+    return summary
 
 
 def load_runs(paths: Sequence[Path | str]) -> list[Run]:

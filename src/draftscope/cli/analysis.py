@@ -211,11 +211,18 @@ def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, thr
 ANALYSIS_TASKS = [analyze, compare, reproduce]
 
 
-@command(help={"root": "the research folder (default: research/ of the checkout)"})
-def verify(c, root=None):
-    """Check every hash in research/SHA256SUMS and validate every evidence artifact against its schema."""
+@command(
+    help={
+        "root": "the research folder (default: research/ of the checkout)",
+        "strict": "fail where there is no git history to check (an sdist, an export, a shallow clone)",
+    }
+)
+def verify(c, root=None, strict=False):
+    """Check every hash in research/SHA256SUMS, validate every evidence artifact against its schema, and check
+    through git history that each study's protocol was committed before its results, each measured from a clean
+    commit (research/SUPERSEDED.yaml lists older evidence: still hash-checked, never counted)."""
     folder = research_dir(root)
-    findings = verify_evidence(folder)
+    findings = verify_evidence(folder, strict=bool(strict))
     for finding in findings:
         print(finding.line())
     failed = [f for f in findings if not f.ok]
@@ -223,7 +230,10 @@ def verify(c, root=None):
         raise Exit(
             f"error: {folder}: {len(failed)} problem(s); first: {failed[0].file}: {failed[0].detail}", code=1
         )
-    print(f"{folder}: evidence verified ({len(findings)} check(s))")
+    superseded = sum(1 for f in findings if f.tag == "superseded")
+    unchecked = " (git history not checked)" if any(f.tag == "warn" for f in findings) else ""
+    kept = f"; {superseded} superseded path(s) hash-checked, not counted" if superseded else ""
+    print(f"{folder}: evidence verified ({len(findings)} check(s){kept}){unchecked}")
 
 
 @command(

@@ -303,6 +303,9 @@ class RunDir:
         appender.append(dict(record))
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
+        """Write summary.json with `records_sha256`, the hash of records.jsonl as it is now (core/integrity.py)."""
+        if (self.path / RECORDS).is_file():
+            summary = {**summary, "records_sha256": sha256_file(self.path / RECORDS)}
         schemas.check(dict(summary), "summary", str(self.path / SUMMARY))
         atomic_write_json(self.path / SUMMARY, summary)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftscope.core import integrity
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import iter_jsonl, read_json, sha256_file
@@ -90,20 +91,25 @@ def validate_run(path: Path, *, final: bool = False) -> Report:
     run_id = manifest.get("run_id") if isinstance(manifest, dict) else None
 
     n_records = None
+    records: list | None = (
+        None  # the parsed records when every line is schema-valid (the summary is recomputed)
+    )
     if unreadable[RECORDS]:
         report.add(RECORDS, "record", [unreadable[RECORDS]])
     elif (path / RECORDS).exists():
         problems: list[str] = []
-        n_records = 0
+        n_records, parsed = 0, []
         try:
             for number, record in iter_jsonl(path / RECORDS):
                 n_records += 1
+                parsed.append(record)
                 problems += [f"line {number}: {p}" for p in _schema_problems(record, "record")]
         except UserError as exc:
             problems.append(exc.message)
         except UnicodeDecodeError as exc:
             problems.append(f"not UTF-8 text (byte {exc.start})")
         report.add(RECORDS, "record", problems)
+        records = None if problems else parsed
     elif kind in SUMMARY_KINDS and (status == "completed" or (path / SUMMARY).exists()):
         # The supervisor creates records.jsonl before its first step: a summarized run without it lost its records.
         report.add(RECORDS, "record", ["missing: a run with a summary keeps its records.jsonl (even empty)"])
@@ -122,7 +128,13 @@ def validate_run(path: Path, *, final: bool = False) -> Report:
                 problems.append(f"$.run_id: '{summary['run_id']}' differs from the manifest's '{run_id}'")
             if not problems and n_records is not None and summary["records"] != n_records:
                 problems.append(f"$.records: says {summary['records']} but records.jsonl has {n_records}")
+            if not problems and records is not None:
+                final_status = status in ("completed", "failed", "timed_out", "interrupted")  # rundir.FINAL
+                partial = (status != "completed") if final_status and "partial" in summary else None
+                problems += integrity.problems(path, summary, records, partial)
         report.add(SUMMARY, "summary", problems)
+        if not problems and "records_sha256" not in summary:
+            report.verdicts[-1].detail = f"warning: {integrity.MISSING_HASH}"
     elif kind in SUMMARY_KINDS and (status == "completed" or final):
         report.add(SUMMARY, "summary", ["missing: a completed run must have a summary.json"])
 

@@ -96,6 +96,11 @@ def test_a_torn_last_record_is_skipped_with_a_note(tmp_path, folder):
     shutil.copytree(folder / "P", tmp_path / "P")
     with (tmp_path / "P" / "records.jsonl").open("a") as fh:
         fh.write('{"schema_version": 1, "prompt_id": "x"')
+    # Written after the summary, the torn line is an edit its records_sha256 names (core/integrity.py) ...
+    with pytest.raises(UserError, match=r"\$\.records_sha256: records\.jsonl has SHA-256"):
+        load_run(tmp_path / "P")
+    # ... before any summary (a writer killed mid-line), it is skipped with a note.
+    (tmp_path / "P" / "summary.json").unlink()
     run = load_run(tmp_path / "P")
     assert len(run.records) == 22 and any("torn" in n for n in run.notes)
 

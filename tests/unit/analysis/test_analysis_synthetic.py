@@ -106,7 +106,7 @@ def make_run(
                 }
                 run.append_record(out, record)
                 records.append(record)
-    all_ids = [p["id"] for p in prompt_list(prompts_file) if p["id"] not in skip]
+    all_ids = [p["id"] for p in prompt_list(prompts_file)]  # as the supervisor does: every prompt of the copy
     run.write_summary(summarize(path.name, records, all_ids, partial=status != "completed"))
     if status == "completed":
         run.complete()

@@ -5,6 +5,7 @@ import shutil
 import pytest
 
 from draftscope.core.rundir import RunDir
+from draftscope.core.summary import summarize
 from draftscope.core.validate import validate_run
 from draftscope.ops.validate import validate_path
 
@@ -29,31 +30,6 @@ def record(i=0, repeat=0):
     }
 
 
-def stat(v):
-    return {"median": v, "min": v, "max": v, "n": 1}
-
-
-def summary(run_id, n):
-    stats = {
-        "request_tok_s": stat(6.0),
-        "decode_tok_s": stat(8.0),
-        "request_seconds": stat(0.5),
-        "generated_tokens": stat(3),
-    }
-    return {
-        "schema_version": 1,
-        "run_id": run_id,
-        "records": n,
-        "prompts_total": 1,
-        "prompts_completed": 1,
-        "greedy_agreement": True,
-        "disagreements": [],
-        "quality_accepted": None,
-        "overall": stats,
-        "per_prompt": {"p0": stats},
-    }
-
-
 CONFIG = {"schema_version": 1, "name": "t", "backend": "transformers", "model_preset": "tiny"}
 
 
@@ -64,7 +40,7 @@ def completed_run(tmp_path):
     with run.records() as out:
         run.append_record(out, record())
         run.append_record(out, record(repeat=1))
-    run.write_summary(summary("run", 2))
+    run.write_summary(summarize("run", [record(), record(repeat=1)], ["p0"], partial=False))
     run.complete()
     return tmp_path / "run"
 
