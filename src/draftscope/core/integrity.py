@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftscope.core.datasets import selected
 from draftscope.core.jsonio import read_json, sha256_file
 from draftscope.core.layout import MANIFEST, RECORDS
 from draftscope.core.summary import summarize
@@ -59,7 +60,8 @@ def hash_problem(run_dir: Path, summary: Mapping[str, Any]) -> str | None:
 
 
 def prompt_ids(run_dir: Path) -> list[str] | None:
-    """The ids of the run's own prompts copy (inputs/NAME, as the supervisor summarized them); None when the run
+    """The ids of the prompts the run used, from its own prompts copy (inputs/NAME), the first `max_prompts` of them
+    where its config sets one (`core.datasets.selected`, as the supervisor summarized them); None when the run
     records no prompts input or its copy cannot be read (the manifest check reports that)."""
     try:
         manifest = read_json(Path(run_dir) / MANIFEST, expect=dict)
@@ -67,7 +69,7 @@ def prompt_ids(run_dir: Path) -> list[str] | None:
         if not entries:
             return None
         prompts = read_json(Path(run_dir) / "inputs" / Path(entries[0]["path"]).name, expect=dict)["prompts"]
-        return [p["id"] for p in prompts]
+        return [p["id"] for p in selected(prompts, (manifest.get("config") or {}).get("max_prompts"))]
     except Exception:  # any unreadable copy: the figures that need it are not compared
         return None
 

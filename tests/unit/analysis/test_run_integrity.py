@@ -175,3 +175,27 @@ def test_any_single_field_change_of_a_record_or_a_summary_is_detected(run, data,
     finally:
         (run / "records.jsonl").write_bytes(records_before)
         (run / "summary.json").write_bytes(summary_before)
+
+
+def test_a_run_of_the_first_max_prompts_is_recomputed_over_those_prompts(tmp_path):
+    """`--max-prompts N` (or `--dataset NAME` with it): the summary covers the first N prompts of the copied file, and
+    so does the recomputation; the prompts past N are not 'missing'."""
+    import json
+
+    from test_analysis_synthetic import make_run
+
+    from draftscope.core.integrity import prompt_ids
+    from draftscope.core.validate import validate_run
+
+    run = make_run(tmp_path / "r")
+    manifest = json.loads((run / "manifest.json").read_text())
+    everything = prompt_ids(run)
+    assert everything and len(everything) > 2
+    manifest["config"]["max_prompts"] = 2
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert prompt_ids(run) == everything[:2]
+    report = validate_run(run)
+    assert (
+        not report.ok
+        and "$.prompts_completed: the summary says 12 but its records give 2" in report.first_failure()
+    )
