@@ -126,6 +126,19 @@ def records_hostile(run: Path, world: Path) -> None:
     (run / "records.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def restamp(run: Path, world: Path) -> None:
+    """The summary written again from the planted records, as the supervisor writes it (records' SHA-256
+    included): the run then follows from its records, so the case tests the hostile strings, not the integrity
+    check (an edited record without this is refused: `analyze-edited-records`)."""
+    from draftscope.core import integrity
+
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text())
+    again = integrity.recompute(summary, records, integrity.prompt_ids(run))
+    again["records_sha256"] = integrity.records_sha256(run)
+    (run / "summary.json").write_text(json.dumps(again))
+
+
 def killed(change: Callable[[dict], None] | None = None) -> Callable[[dict], None]:
     def edit(doc: dict) -> None:
         doc.update(status="running", reason=None, finished_at=None)
@@ -253,9 +266,15 @@ CASES = [
     Case(
         "analyze-hostile-strings",
         ("analyze", "{run}", "--report", "{out}/rep"),
-        plant_all(manifest(hostile_strings), records_hostile),
+        plant_all(manifest(hostile_strings), records_hostile, restamp),
         None,
         output=("out",),
+    ),
+    Case(
+        "analyze-edited-records",
+        ("analyze", "{run}", "--report", "{out}/rep"),
+        records_hostile,
+        "$.records_sha256",
     ),
     # compare
     Case(
@@ -268,7 +287,10 @@ CASES = [
     Case(
         "compare-unfinished",
         ("compare", "{world}/done2", "{run}", "--output", "{out}/c.json"),
-        manifest(lambda d: d.update(status="interrupted", reason="killed")),
+        plant_all(
+            manifest(lambda d: d.update(status="interrupted", reason="killed")),
+            lambda run, world: edit_json(run / "summary.json", lambda d: d.update(partial=True)),
+        ),
         "is unfinished",
         extra=("done2",),
     ),
