@@ -54,7 +54,18 @@ def _uses_torch(path: Path) -> bool:
         return False
 
 
+def _long_first(items: list[pytest.Item]) -> None:
+    """Modules with a `slow` test run first, each module's tests in their order. pytest-xdist (`--dist loadfile`)
+    hands out whole modules in collection order: a long module handed out last keeps one worker busy while the
+    other waits, so the long ones go first and the short ones fill in around them."""
+    slow = {
+        item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module is not None
+    }
+    items.sort(key=lambda item: item.module is None or item.module.__name__ not in slow)  # stable
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _long_first(items)
     for item in items:
         if _uses_torch(Path(item.fspath)):
             item.add_marker(pytest.mark.torch)

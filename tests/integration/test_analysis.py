@@ -30,6 +30,7 @@ def _missing_assets() -> list[str]:
 
 MISSING = _missing_assets()
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.integration,
     pytest.mark.skipif(bool(MISSING), reason=f"tiny model files not in place: {'; '.join(MISSING)[:200]}"),
 ]

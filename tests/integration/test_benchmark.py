@@ -7,7 +7,7 @@ import pytest
 
 from support import ROOT, run_invoke, tiny_benchmark, wall_bound
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TINY = tiny_benchmark("local")
 

@@ -22,7 +22,7 @@ from draftscope.core.schema import problems
 
 from support import run_invoke, tiny_benchmark
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ sys.path.insert(
 )  # the checkpoint writer of the unit tests
 from test_pipeline_convert import checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PRESET = """\
 schema_version: 1

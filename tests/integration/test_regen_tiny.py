@@ -21,7 +21,7 @@ from draftscope.core.schema import problems
 
 from support import child_pids, free_port, port_is_free, regen_output_ids, tiny_regen_argv
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def pipeline_argv(workdir: Path, port: int, *opts: str) -> list[str]:

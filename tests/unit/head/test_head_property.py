@@ -28,6 +28,8 @@ from draftscope.head.certify import NO_DRAFT, certify  # noqa: E402
 from draftscope.head.policy import prefix_decision, rowwise_decision, verify_tokens  # noqa: E402
 from draftscope.head.quant import QuantizedHead  # noqa: E402
 
+pytestmark = pytest.mark.slow  # long: scheduled first (tests/conftest.py)
+
 CASES = 2000
 
 

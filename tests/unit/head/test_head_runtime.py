@@ -15,6 +15,8 @@ from draftscope.core.errors import UserError  # noqa: E402
 from draftscope.head.capture import read_capture, write_capture  # noqa: E402
 from draftscope.head.runtime import Capture, CertifiedHead, HeadCounters, check_dense_head  # noqa: E402
 
+pytestmark = pytest.mark.slow  # long: scheduled first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def models():

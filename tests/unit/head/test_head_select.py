@@ -28,6 +28,8 @@ torch = pytest.importorskip("torch")
 from draftscope.head import select, serving  # noqa: E402
 from draftscope.head.graph import BUCKETS  # noqa: E402
 
+pytestmark = pytest.mark.slow  # long: scheduled first (tests/conftest.py)
+
 H200 = serving.DeviceFacts(cuda=True, name="H200", capability=(9, 0), bf16=True, toolkit="12.8")
 HERE = Path(__file__).resolve().parent
 

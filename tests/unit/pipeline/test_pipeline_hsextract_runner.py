@@ -21,6 +21,7 @@ from support import HEALTH_SERVER
 
 pytest.importorskip("torch")
 pytest.importorskip("safetensors")
+pytestmark = pytest.mark.slow  # long: scheduled first (tests/conftest.py)
 
 # rank, world size, rows, output, layers, hidden, skip-row: writes rows r with r % world == rank
 CLIENT = """
