@@ -4,6 +4,7 @@ Helpers live in `tests/support.py` (this folder is on sys.path because this conf
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -19,6 +20,14 @@ from support import ROOT, run_invoke
 # hears. Tests run with Python's own Ctrl-C handling, whatever started them; children get the default action.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Under pytest-xdist the workers share the cores: each worker (and every process it starts; the runtimes pass
+# OMP_NUM_THREADS on) gets its share of them for torch's thread pool, instead of every worker spinning a pool as wide
+# as the machine (2 workers × 2 threads on 2 cores thrashed). Set before any test module imports torch; a value
+# already given wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if os.environ.get("PYTEST_XDIST_WORKER") and _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 # Tests mirror `src/` (tests/unit/<package>/). A few test modules also build inputs for tests in other folders
 # (test_analysis_synthetic.make_run, test_pipeline_plan.build, test_pipeline_convert.checkpoint); each folder is on
