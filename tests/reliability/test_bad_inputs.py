@@ -480,7 +480,7 @@ CASES = [
         "run run2 is unfinished (status 'interrupted'",
         setup=lambda tmp: (
             planted_run(tmp),
-            planted_run(tmp, "run2", manifest=lambda d: d.update(status="interrupted", reason="killed")),
+            _interrupted_run(tmp / "run2"),
         ),
     ),
     Bad(
@@ -556,6 +556,14 @@ CASES = [
     Bad("read-opts-alias", bench("--opts", "vllm=&a [*a]"), "YAML anchors and aliases are not accepted"),
     Bad("read-revision-newline", bench("--model", "Org/Name", "--revision", SHA + "\n"), "$.revision"),
 ]
+
+
+def _interrupted_run(path: Path) -> None:
+    """A run that ended early as a killed one does: status `interrupted`, its summary partial (the last prompt
+    missing), so it follows from its records and the refusal under test is the unfinished one."""
+    from test_analysis_synthetic import make_run
+
+    make_run(path, repeats=1, status="interrupted")
 
 
 def planted_run(

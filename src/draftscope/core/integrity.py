@@ -30,6 +30,7 @@ from draftscope.core.datasets import selected
 from draftscope.core.jsonio import read_json, sha256_file
 from draftscope.core.layout import MANIFEST, RECORDS
 from draftscope.core.summary import summarize
+from draftscope.core.untrusted import check_file
 
 REL_TOL = 1e-9
 MISSING_HASH = (
@@ -68,7 +69,14 @@ def prompt_ids(run_dir: Path) -> list[str] | None:
         entries = [i for i in manifest.get("inputs", []) if i.get("name") == "prompts"]
         if not entries:
             return None
-        prompts = read_json(Path(run_dir) / "inputs" / Path(entries[0]["path"]).name, expect=dict)["prompts"]
+        name = Path(entries[0]["path"]).name
+        check_file(
+            Path(run_dir), f"inputs/{name}"
+        )  # a regular file inside the run: never a pipe or a link out
+        copy = Path(run_dir) / "inputs" / name
+        if sha256_file(copy) != entries[0].get("sha256"):
+            return None  # an edited copy says nothing of the run; the manifest check and `reproduce` name it
+        prompts = read_json(copy, expect=dict)["prompts"]
         return [p["id"] for p in selected(prompts, (manifest.get("config") or {}).get("max_prompts"))]
     except Exception:  # any unreadable copy: the figures that need it are not compared
         return None
