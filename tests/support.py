@@ -23,6 +23,28 @@ def unavailable(message: str) -> NoReturn:
     pytest.skip(message)
 
 
+def run_tasks(namespace, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`invoke ARGS` over `namespace` (an invoke Collection) under the kit's parser, in this process (no interpreter
+    start-up): the exit code, stdout and stderr as a CompletedProcess."""
+    import contextlib
+    import io
+
+    from invoke import Program
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if cwd is not None:
+            stack.enter_context(contextlib.chdir(cwd))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            Program(namespace=namespace, name="draftscope", binary="invoke").run(["invoke", *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def wall_bound(seconds: float) -> float:
     """A wall-time bound for a command that should be quick, scaled by the pytest workers sharing this machine's
     cores (`make test` runs two with pytest-xdist): a guard against a slow path (an import of torch, a sleep), never

@@ -7,9 +7,7 @@ independently; the files are read back with the csv module, json and `datasets.D
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import itertools
 import json
 import statistics
@@ -21,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from invoke import Collection, Program
+from invoke import Collection
 from test_analysis_synthetic import make_run
 
 from draftscope.analysis import export
@@ -29,7 +27,7 @@ from draftscope.analysis.load import load_runs
 from draftscope.cli.export import EXPORT_TASKS
 from draftscope.core.errors import MissingDependency
 
-from support import ROOT
+from support import ROOT, run_tasks
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +46,8 @@ def table(folder):
 
 def cli(*args, cwd=None):
     """`invoke export ARGS` under the kit's parser, in this process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.ExitStack() as stack:
-        if cwd is not None:
-            stack.enter_context(contextlib.chdir(cwd))
-        stack.enter_context(contextlib.redirect_stdout(out))
-        stack.enter_context(contextlib.redirect_stderr(err))
-        try:
-            Program(namespace=Collection(*EXPORT_TASKS), name="draftscope", binary="invoke").run(
-                ["invoke", *args]
-            )
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return code, out.getvalue(), err.getvalue()
+    done = run_tasks(Collection(*EXPORT_TASKS), *args, cwd=cwd)
+    return done.returncode, done.stdout, done.stderr
 
 
 def records(folder):

@@ -1,14 +1,12 @@
 """Loading runs (partial ones included), the report folder, and the analysis tasks as a user runs them."""
 
-import contextlib
-import io
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from invoke import Collection, Program
+from invoke import Collection
 from PIL import Image
 from test_analysis_synthetic import make_run
 
@@ -18,7 +16,7 @@ from draftscope.cli.analysis import ANALYSIS_TASKS, ns_evidence
 from draftscope.core import schema
 from draftscope.core.errors import UserError
 
-from support import HEAVY, ROOT, run_invoke
+from support import HEAVY, ROOT, run_invoke, run_tasks
 
 LAUNCHER = (
     "import sys\n"
@@ -52,18 +50,7 @@ def cli(*args, cwd=None):
     """The same tasks and parser in this process (no interpreter start-up): (exit code, stdout, stderr)."""
     ns = Collection(*ANALYSIS_TASKS)
     ns.add_collection(ns_evidence)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.ExitStack() as stack:
-        if cwd is not None:
-            stack.enter_context(contextlib.chdir(cwd))
-        stack.enter_context(contextlib.redirect_stdout(out))
-        stack.enter_context(contextlib.redirect_stderr(err))
-        try:
-            Program(namespace=ns, name="draftscope", binary="invoke").run(["invoke", *args])
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return run_tasks(ns, *args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
