@@ -181,15 +181,17 @@ def findings(root: Path, make: Callable[..., object], *, strict: bool = False) -
         else []
     )
     for name in studies:
-        study_problems = _study_problems(root, found, name)
-        for rel, problem in study_problems:
-            owner = next((p for p in listed if rel == p or rel.startswith(p + "/")), None)
+        counted = False
+        for rel, problem in _study_problems(root, found, name):
+            owner = _owner(listed, rel)
             if owner is not None:
                 per_path[owner].append(f"{rel}: {problem}")
             else:
                 out.append(make(False, rel, f"({GIT}) {problem}"))
-        if not study_problems:
-            results = sum(1 for r in found.added if r.startswith(f"evidence/{name}/"))
+                counted = True
+        results = sum(1 for r in found.added if r.startswith(f"evidence/{name}/") and _owner(listed, r) is None)
+        if not counted and results:
+            # Superseded files are reported below; the study's other results passed the rules.
             out.append(
                 make(True, f"studies/{name}.yaml", f"({GIT}) committed before its {results} result file(s)")
             )
@@ -200,6 +202,11 @@ def findings(root: Path, make: Callable[..., object], *, strict: bool = False) -
         )
         out.append(make(True, path, detail, tag="superseded"))
     return out
+
+
+def _owner(listed: dict[str, dict], rel: str) -> str | None:
+    """The superseded entry a result file belongs to (the file itself or its run directory), if any."""
+    return next((p for p in listed if rel == p or rel.startswith(p + "/")), None)
 
 
 def _unit(rel: str) -> str:

@@ -191,6 +191,26 @@ def test_superseded_evidence_is_kept_and_reported_not_counted(repo, tmp_path, mo
     }
 
 
+def test_a_study_re_measured_under_the_rules_counts_its_new_results_only(repo, tmp_path, monkeypatch):
+    old = measured(tmp_path, monkeypatch, git(repo, "rev-parse", "HEAD"), dirty=True)
+    protocol(repo)
+    placed(repo, old)
+    (repo / "research" / "SUPERSEDED.yaml").write_text(
+        f"superseded:\n  - path: evidence/{STUDY}/runs/aa-1\n    date: 2026-12-02\n    reason: before the rules\n"
+    )
+    resum(repo / "research")
+    frozen = commit(repo, "protocol, old results, superseded")
+    evidence.add(repo / "research", measured(tmp_path, monkeypatch, frozen, name="aa-new"), STUDY)
+    commit(repo, "re-measured")
+    findings = evidence.verify(repo / "research")
+    assert [f.line() for f in findings if not f.ok] == []
+    (order,) = [f for f in findings if f.file == f"studies/{STUDY}.yaml" and "git history" in f.detail]
+    new_files = len(list((repo / "research" / "evidence" / STUDY / "runs" / "aa-new").rglob("*.*")))
+    assert order.detail == f"(git history) committed before its {new_files} result file(s)"
+    (kept,) = [f for f in findings if f.tag == "superseded"]
+    assert kept.file == f"evidence/{STUDY}/runs/aa-1" and "(2 history problem(s)" in kept.detail
+
+
 def test_without_git_history_verify_warns_and_fails_when_strict(tmp_path):
     research = tmp_path / "research"
     shutil.copytree(ROOT / "research", research)
