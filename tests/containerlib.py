@@ -129,3 +129,15 @@ def build_vllm_cpu_image() -> tuple[str, float]:
     from draftscope.ops.images import image_reference
 
     return image_reference("vllm-cpu"), seconds
+
+
+def registry() -> str:
+    """The loopback registry (images/local/registry.sh: Debian's docker-registry), started once: its address.
+    Skips (fails under CI) where the package is missing."""
+    from draftscope.core.errors import UserError
+    from draftscope.ops.engines import start_registry
+
+    try:
+        return start_registry(ROOT)
+    except UserError as exc:
+        unavailable(exc.render())

@@ -6,6 +6,10 @@
 #   images/local/podman-engine.sh start     # start the API service; prints the DOCKER_HOST line to export
 #   images/local/podman-engine.sh stop
 #
+# DRAFTSCOPE_ENGINE_DIR (its socket, pid and log) and DRAFTSCOPE_ENGINE_STORAGE (a folder for its image storage,
+# instead of the host's) start a second engine beside the first: an empty machine, as a reviewer's is, that has
+# only what it pulls (the container tier's registry test; `make kick-the-tires`).
+#
 # Why each setting (observed on Debian 12 / podman 4.3): crun fails on hybrid cgroup hosts, so runc;
 # podman's default rlimits exceed what an unprivileged sandbox may set, so they are capped at the caller's hard
 # limits; no systemd, so cgroupfs and a file events log. The config is read once, when the service starts.
@@ -25,25 +29,46 @@ install_packages() {
   if ! command -v docker >/dev/null; then
     apt-get install -y -qq docker.io >/dev/null 2>&1 || apt-get install -y -qq docker-cli >/dev/null
   fi
+  mkdir -p /etc/containers
+  engine_conf > /etc/containers/containers.conf
+}
+
+engine_conf() {  # engine_conf [EXTRA [engine] LINE…]: the containers.conf every engine of this script reads
   local nofile nproc
   nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
   [ "$nofile" = unlimited ] && nofile=1048576
   if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
-  mkdir -p /etc/containers
-  cat > /etc/containers/containers.conf <<CONF
-# Written by draftscope images/local/podman-engine.sh
-[containers]
-default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+  echo "# Written by draftscope images/local/podman-engine.sh"
+  echo "[containers]"
+  echo "default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"
+  echo
+  echo "[engine]"
+  echo 'runtime = "runc"'
+  echo 'cgroup_manager = "cgroupfs"'
+  echo 'events_logger = "file"'
+  local line
+  for line in "$@"; do echo "$line"; done
+}
 
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
+own_storage() {  # a storage.conf of its own under DRAFTSCOPE_ENGINE_STORAGE, for the service started below
+  local dir=$1
+  mkdir -p "$dir/graph" "$dir/run"
+  cat > "$dir/storage.conf" <<CONF
+# Written by draftscope images/local/podman-engine.sh: a separate, initially empty image storage.
+[storage]
+driver = "overlay"
+graphroot = "$dir/graph"
+runroot = "$dir/run"
 CONF
+  # Its own state as well: two engines sharing /run/libpod and the shared-memory locks deadlock each other's
+  # containers (seen here: containers stuck in "Created (starting)"). File locks under its own tmp_dir instead.
+  engine_conf "tmp_dir = \"$dir/tmp\"" > "$dir/containers.conf"
+  export CONTAINERS_STORAGE_CONF="$dir/storage.conf" CONTAINERS_CONF="$dir/containers.conf"
 }
 
 start_service() {
   mkdir -p "$STATE_DIR"
+  if [ -n "${DRAFTSCOPE_ENGINE_STORAGE:-}" ]; then own_storage "$DRAFTSCOPE_ENGINE_STORAGE"; fi
   if DOCKER_HOST="unix://$SOCK" docker version >/dev/null 2>&1; then
     echo "export DOCKER_HOST=unix://$SOCK DOCKER_BUILDKIT=0"
     return

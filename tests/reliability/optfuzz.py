@@ -74,6 +74,8 @@ KINDS: dict[str, str] = {
             "train_python",
             "torch_wheel",
             "file",
+            "lock",
+            "verdicts",
         ),
         PATH,
     ),
@@ -126,6 +128,7 @@ KINDS: dict[str, str] = {
             "dataset",
             "sort",
             "format",
+            "claim",
         ),
         CHOICE,
     ),
@@ -144,6 +147,7 @@ KINDS: dict[str, str] = {
             "cuda_arch",
             "base_image",
             "to",
+            "ref",
             "pytest_args",
             "description",
             "tracking_uri",
@@ -170,6 +174,7 @@ NEAR_MISSES: dict[str, tuple[str, ...]] = {
     "draft": ("DFlash", "DFLASH2", "tiny "),
     "study": ("Prefix-Head-CPU", "prefix-head-cpu.yaml", "../studies/prefix-head-cpu"),
     "dataset": ("MT-Bench", "mt-bench.json", "../datasets/mt-bench"),
+    "claim": ("Tiny-AA-Tokens-Identical", "held-out-task-quality ", "../claims/x"),
     "sort": ("Request-Tok-S", "request_tok_s", "ttft", "acceptance "),
     # datasets.import's and export's --format
     "format": ("MT-BENCH", "mt_bench", "spec-bench ", "CSV", "Parquet", "csv ", "vllm_bench"),
@@ -295,6 +300,9 @@ BASELINES: dict[str, dict[str, str | None]] = {
         "output": "{sb}/out/prompts.json",
     },
     "datasets.list": {},
+    "claims.list": {"verdicts": "{sb}/out/verdicts"},
+    "claims.reproduce": {"claim": "held-out-task-quality", "verdicts": "{sb}/out/verdicts"},
+    "kick-the-tires": {"verdicts": "{sb}/out/verdicts"},
     "compare": {"base": "{run}", "candidate": "{run2}", "output": "{sb}/out/cmp.json", "resamples": "200"},
     "demo": {"dry-run": None},
     "doctor": {},
@@ -321,13 +329,14 @@ BASELINES: dict[str, dict[str, str | None]] = {
 }
 
 # Names of options that name what a command creates: an accepted case may write there (and in its cwd).
-OUTPUTS = ("output", "report", "workdir", "comparison")
+OUTPUTS = ("output", "report", "workdir", "comparison", "verdicts")
 
 # In-process work functions: reaching one means every option was checked (the gate raises ReachedWork).
 GATES = (
     "draftscope.tiny.load_tokenizer",  # bench-overhead: the tiny models load first
     "draftscope.tiny.build",  # tiny.build: training
     "draftscope.head.bench._torch",  # head-bench: the timed kernels
+    "draftscope.ops.kick.kick",  # kick-the-tires: builds nothing, pushes and runs every claim
     "draftscope.head.study.study",  # head-study: the replay
 )
 

@@ -189,7 +189,9 @@ def findings(root: Path, make: Callable[..., object], *, strict: bool = False) -
             else:
                 out.append(make(False, rel, f"({GIT}) {problem}"))
                 counted = True
-        results = sum(1 for r in found.added if r.startswith(f"evidence/{name}/") and _owner(listed, r) is None)
+        results = sum(
+            1 for r in found.added if r.startswith(f"evidence/{name}/") and _owner(listed, r) is None
+        )
         if not counted and results:
             # Superseded files are reported below; the study's other results passed the rules.
             out.append(

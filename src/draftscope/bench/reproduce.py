@@ -107,10 +107,12 @@ def image_checks(run: Run, config: ExperimentConfig, output: Path, *, allow_drif
 
 
 def _same_image(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    if old.get("reference") != new.get("reference") or old.get("id") != new.get("id"):
-        return False
-    # A pushed image gains digests; a recorded digest must still be among the current ones.
-    return set(old.get("repo_digests") or []) <= set(new.get("repo_digests") or [])
+    """Same reference and same ID. The ID is the digest of the image's config, which names every layer's
+    uncompressed digest: it is the image's content, the same on every engine that built or pulled it. Repository
+    digests are not compared: they digest a manifest as one registry or one engine compressed and listed it (a
+    re-push of the same image can get another; podman shows, for every name an image has, digests of its own), so
+    they are recorded for the reader and identify nothing here."""
+    return old.get("reference") == new.get("reference") and old.get("id") == new.get("id")
 
 
 def _ident(facts: Mapping[str, Any]) -> str:

@@ -8,6 +8,7 @@ from invoke import Collection
 from draftscope.cli import (
     analysis,
     bench,
+    claims,
     datasets,
     demo,
     doctor,
@@ -33,10 +34,12 @@ ns = Collection(
     *demo.DEMO_TASKS,
     *share.SHARE_TASKS,
     *reliability.RELIABILITY_TASKS,
+    *claims.CLAIMS_TASKS,
     analysis.ns_evidence,
     tiny.ns_tiny,
     images.ns_images,
     datasets.ns_datasets,
+    claims.ns_claims,
 )
 
 

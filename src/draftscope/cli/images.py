@@ -84,13 +84,47 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     _run(argv, root, f"building image '{name}'")
 
 
-@command(help={"name": "image to pull", "engine": ENGINE_HELP, "dry_run": "print the pull argv and stop"})
-def pull(c, name, engine="docker", dry_run=False):
-    """Pull a published image by its digest from images/images.lock.json (for reviewers)."""
-    argv = I.pull_argv(name, engine, I.load_lock())
-    _show(argv)
-    if not dry_run:
+def _engine_run(argv, capture):
+    """publish.Run: print the argv, run it (never through a shell); output shown unless captured."""
+    if not capture:
+        _show(list(argv))
+    done = I.execute(argv, cwd=I.checkout(), capture=capture)
+    return done.returncode, done.stdout or "", done.stderr or ""
+
+
+def _write_lock(path: Path, data: dict[str, Any]) -> None:
+    schema.check(data, "images-lock", str(path))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(_dumps(data) + "\n", encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a lock
+
+
+LOCK_HELP = "the lock to read and record in (default: $DRAFTSCOPE_IMAGES_LOCK, else images/images.lock.json)"
+
+
+@command(
+    positional=["name"],
+    help={
+        "name": "image to pull",
+        "ref": "pull this REPO@sha256:… instead of the lock's (a tag is refused)",
+        "lock": LOCK_HELP,
+        "engine": ENGINE_HELP,
+        "dry_run": "print the pull and tag argv and stop",
+    },
+)
+def pull(c, name, ref=None, lock=None, engine="docker", dry_run=False):
+    """Pull an image by the digest the lock records (never by tag) and name it as the kit runs it."""
+    data = I.load_lock(Path(lock) if lock else None)
+    steps = I.pull_steps(name, engine, data, ref)
+    for argv in steps:
+        _show(argv)
+    if dry_run:
+        return
+    for argv in steps:
         _run(argv, I.checkout(), f"pulling image '{name}'")
+    done = I.execute(I.inspect_argv(name, engine, data), capture=True)
+    image_id = I.check_pulled(name, data, done.stdout if done.returncode == 0 else "")
+    print(f"{name}: {steps[0][2]} is {I.lock_entry(name, data)['reference']} (ID {image_id})")
 
 
 @command(
@@ -98,20 +132,32 @@ def pull(c, name, engine="docker", dry_run=False):
     help={
         "name": "image to push",
         "to": "destination REGISTRY/NAMESPACE/REPO[:TAG] (the tag defaults to the kit's version; required)",
+        "lock": LOCK_HELP,
         "engine": ENGINE_HELP,
         "dry_run": "print the tag and push argv and stop",
     },
 )
-def push(c, name, to=None, engine="docker", dry_run=False):
-    """Tag a locally built image for a registry and push it; record the pushed digest with `images.lock`."""
+def push(c, name, to=None, lock=None, engine="docker", dry_run=False):
+    """Push a built image (and its base, when built here) to a registry; record the digests read back in the lock."""
     if not to:
         raise UserError("no destination given", field="--to", fix="add --to REGISTRY/NAMESPACE/REPO")
-    steps = I.push_argv(name, to, engine, I.load_lock())
-    for argv in steps:
-        _show(argv)
-    if not dry_run:
-        for argv in steps:
-            _run(argv, I.checkout(), f"pushing image '{name}'")
+    path = Path(lock) if lock else I.active_lock_path()
+    data = I.load_lock(path)
+    entry = I.lock_entry(name, data)
+    repository, tag = I.push_destination(to, entry["tag"])
+    if dry_run:
+        engine = I.check_engine(engine)
+        _show([engine, "tag", entry["reference"], f"{repository}:{tag}"])
+        _show([engine, "push", f"{repository}:{tag}"])
+        _show(["skopeo", "inspect", "--raw", f"docker://{repository}:{tag}"])
+        return
+    pushed = I.push_image(name, to, engine, data, _engine_run)
+    _warn(pushed.notes)
+    _write_lock(path, I.record_push(I.load_lock(path), name, pushed))
+    base = f"; base {pushed.base['repository']}@{pushed.base['digest']}" if pushed.base else ""
+    print(
+        f"{name}: pushed {pushed.repository}@{pushed.digest} (ID {pushed.image_id}){base}; recorded in {path}"
+    )
 
 
 @command(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})

@@ -6,6 +6,7 @@ The rest of the image machinery (Dockerfiles, lock files, build/push/pull argv) 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ from draftscope.core.resources import repo_root as _checkout
 IMAGES = ("transformers", "vllm", "train", "sglang", "vllm-cpu")
 
 LOCK_FILE = "images.lock.json"
+# A lock file other than the checkout's: a reviewer's copy that records where the images were published
+# (`make kick-the-tires` writes one for its loopback registry). Every reader of the lock honours it.
+LOCK_ENV = "DRAFTSCOPE_IMAGES_LOCK"
 # How `unpinned` flags a base built on this machine: nothing can pin it by a registry digest.
 LOCAL_BASE = "is built locally (images/local/base-image.sh) and has no registry digest"
 SOURCE_URL = "https://github.com/draftscope/draftscope"
@@ -77,9 +81,15 @@ def lock_path(root: Path | None = None) -> Path:
     return (root or checkout()) / "images" / LOCK_FILE
 
 
+def active_lock_path() -> Path:
+    """The lock the kit reads: $DRAFTSCOPE_IMAGES_LOCK when set, else the checkout's images.lock.json."""
+    override = os.environ.get(LOCK_ENV)
+    return Path(override) if override else lock_path()
+
+
 def load_lock(path: Path | None = None) -> dict[str, Any]:
-    """images.lock.json, validated against schemas/images-lock.schema.json."""
-    path = path or lock_path()
+    """images.lock.json (or $DRAFTSCOPE_IMAGES_LOCK), validated against schemas/images-lock.schema.json."""
+    path = path or active_lock_path()
     if not path.exists():
         raise UserError(f"{path} does not exist", fix="restore it from the repository")
     data = read_json(path, expect=dict)
@@ -94,6 +104,12 @@ def lock_entry(name: str, lock: Mapping[str, Any] | None = None) -> dict[str, An
     if entry is None:
         raise UserError(f"image '{name}' is missing from images/{LOCK_FILE}", fix="restore the file")
     return entry
+
+
+def published_reference(entry: Mapping[str, Any]) -> str | None:
+    """`repository@digest` of a pushed image (what `invoke images.pull` pulls), or None before any push."""
+    repository, digest = entry.get("repository"), entry.get("digest")
+    return f"{repository}@{digest}" if repository and digest else None
 
 
 def is_local(reference: str) -> bool:

@@ -270,13 +270,19 @@ def supervise(
     limit: float | None,
     stop: Callable[[], None],
     started: float,
+    finished: Callable[[], bool] | None = None,
+    linger: float = 15.0,
 ) -> tuple[str, str | None]:
     """Wait for `proc` within `limit` seconds of `started`; on expiry, Ctrl-C or SIGTERM call `stop` (which must
-    end the work itself, not only this client process) and wait for the client. Returns (status, reason)."""
+    end the work itself, not only this client process) and wait for the client. Returns (status, reason).
+
+    `finished` asks whether the work itself has ended (a container has exited, asked of its engine): a client that
+    outlives its work by `linger` seconds is stopped and the work counts as exited (podman's Docker API can leave an
+    attached `docker run` waiting after its container has exited; the caller reads the exit code from the engine)."""
     try:
-        remaining = None if limit is None else max(0.0, limit - (time.monotonic() - started))
+        deadline = None if limit is None else started + limit
         with sigterm_interrupts():
-            proc.wait(timeout=remaining)
+            _wait(proc, deadline, finished, linger)
         return "exited", None
     except subprocess.TimeoutExpired:
         stop()
@@ -289,6 +295,32 @@ def supervise(
         stop()
         _reap(proc)
         return "interrupted", interrupted_reason(exc)
+
+
+POLL_S = 5.0
+
+
+def _wait(
+    proc: subprocess.Popen, deadline: float | None, finished: Callable[[], bool] | None, linger: float
+) -> None:
+    """proc.wait until `deadline` (TimeoutExpired then), ending early a client whose work `finished` long ago."""
+    ended_at = None
+    while True:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if finished is not None:
+            timeout = POLL_S if timeout is None else min(timeout, POLL_S)
+        try:
+            proc.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+        if ended_at is None:
+            ended_at = time.monotonic() if finished is not None and finished() else None
+        elif time.monotonic() - ended_at >= linger:
+            proc.terminate()
+            _reap(proc, 10.0)
+            return
 
 
 def _reap(proc: subprocess.Popen, timeout: float = 30.0) -> None:

@@ -270,9 +270,10 @@ class ContainerRuntime:
                     limit=step.time_limit_s,
                     stop=lambda: self.stop(name, ctx.grace_seconds),
                     started=started,
+                    finished=lambda: self.state(name)[0] in ("exited", "stopped"),
                 )
             seconds = time.monotonic() - started
-            status, code = self.state(name)
+            status, code = self.settled(name)
             if state != "exited":
                 return Outcome(step.name, state, code, seconds, reason, log, name)
             if status != "exited":
@@ -295,6 +296,16 @@ class ContainerRuntime:
                 value=self.engine,
                 fix="install it, or use --runtime local for a CPU run",
             ) from None
+
+    def settled(self, name: str, wait: float = 10.0) -> tuple[str | None, int | None]:
+        """Final state and exit code: a client can return before podman's cleanup records the exit, so a container
+        shown running or stopping is asked again for up to `wait` s; podman's "stopped" is "exited"."""
+        deadline = time.monotonic() + wait
+        while True:
+            status, code = self.state(name)
+            if status not in ("running", "stopping", "removing") or time.monotonic() >= deadline:
+                return ("exited" if status == "stopped" else status), code
+            time.sleep(0.5)
 
     def stop(self, name: str, grace: float) -> None:
         """SIGTERM (through --init), SIGKILL after `grace` seconds: the container itself, by name."""
@@ -386,5 +397,4 @@ def _is_root() -> bool:
 
 def _image_missing(stderr: str) -> bool:
     """docker: "No such image"; podman: "image not known" (through its Docker API: "No such image")."""
-    text = stderr.lower()
-    return "no such image" in text or "image not known" in text or "no such object" in text
+    return any(words in stderr.lower() for words in ("no such image", "image not known", "no such object"))

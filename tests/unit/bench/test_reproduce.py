@@ -149,3 +149,18 @@ def test_reproducing_twice_into_the_same_output_is_refused(tmp_path, source, mon
     with pytest.raises(UserError, match="already exists"):
         R.reproduce(source, tmp_path / "again", argv=["t"], say=lambda _: None)
     assert replay.calls == []
+
+
+@pytest.mark.parametrize(
+    ("recorded", "current"),
+    [
+        ([], ["r.io/a/t@sha256:" + "1" * 64]),  # run made before the push; reproduced from the pulled image
+        (["localhost/t@sha256:" + "2" * 64], ["localhost/t@sha256:" + "4" * 64]),  # each engine's own digests
+        (["r.io/a/t@sha256:" + "1" * 64], ["r.io/a/t@sha256:" + "3" * 64]),  # the same image pushed again
+    ],
+)
+def test_an_image_is_the_same_by_its_reference_and_id_whatever_its_repository_digests(recorded, current):
+    old = {**IMAGE, "repo_digests": recorded}
+    assert R._same_image(old, {**IMAGE, "repo_digests": current}) is True
+    assert R._same_image(old, {**IMAGE, "id": "sha256:" + "c" * 64, "repo_digests": current}) is False
+    assert R._same_image(old, {**IMAGE, "reference": "localhost/other:1", "repo_digests": current}) is False

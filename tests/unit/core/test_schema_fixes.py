@@ -62,6 +62,9 @@ PATTERN_SAMPLES = {
     "^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*$": "gpu",
     "^[0-9]+[KMGT]?$": "64G",
     "^[1-9][0-9]{0,8}[kmg]$": "8g",
+    "^\\{work\\}/[A-Za-z0-9._/-]+$": "{work}/out.json",
+    "^([A-Za-z0-9_-]+|\\*)(\\.([A-Za-z0-9_-]+|\\*))*$": "tokens.identical",
+    "^[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/[a-z0-9]+([._/-]+[a-z0-9]+)*$": "127.0.0.1:5000/draftscope/vllm",
 }
 FORMAT_SAMPLES = {"date-time": "2026-01-31T12:00:00Z"}
 
@@ -532,23 +535,26 @@ def test_if_then_rules_of_the_model_preset_name_the_missing_section():
 
 def test_if_then_rules_of_a_claim_name_the_status():
     claims = _load(repo_root() / "research" / "claims.yaml")
-    claim = claims["claims"][0]
-    assert claim["status"] == "reported"
+    i = next(i for i, c in enumerate(claims["claims"]) if c["status"] == "reported")
+    claim = claims["claims"][i]
     claim["provenance"]["reproduced_here"] = True
     message = _only(claims, "claims")
     assert message.startswith(
-        "$.claims[0].provenance.reproduced_here: true is not allowed; valid: false; fix: "
+        f"$.claims[{i}].provenance.reproduced_here: true is not allowed; valid: false; fix: "
     )
     assert "status: reproduced" in message
     claim["status"] = "reproduced"
     message = _only(claims, "claims")
-    assert message.startswith("$.claims[0].evidence: [] is empty; fix: ") and "research/evidence/" in message
+    assert (
+        message.startswith(f"$.claims[{i}].evidence: [] is empty; fix: ") and "research/evidence/" in message
+    )
     claim["evidence"] = ["research/evidence/x/comparison.json"]
+    assert claim["origin"] == "historical"  # reproduced or not, a historical claim keeps its origin
     assert schema.problems(claims, "claims") == []
     claim["provenance"]["reproduced_here"] = False
     message = _only(claims, "claims")
     assert message.startswith(
-        "$.claims[0].provenance.reproduced_here: false is not allowed; valid: true; fix: "
+        f"$.claims[{i}].provenance.reproduced_here: false is not allowed; valid: true; fix: "
     )
     assert "status: reported" in message
 

@@ -19,4 +19,5 @@ from draftscope.core.images import _check_name  # noqa: F401
 from draftscope.ops.images.build import *  # noqa: F403
 from draftscope.ops.images.lockfile import *  # noqa: F403
 from draftscope.ops.images.lockfile import _COMMIT, _DIGEST  # noqa: F401
+from draftscope.ops.images.publish import *  # noqa: F403
 from draftscope.ops.images.registry import *  # noqa: F403

@@ -13,59 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.core.images import (
-    LOCK_FILE,
-    lock_entry,
-    split_reference,
-)
+from draftscope.core.images import lock_entry, split_reference
 from draftscope.ops.images.build import check_engine
 from draftscope.ops.images.lockfile import _COMMIT, _DIGEST, SPECULATORS_REPO, Runner
 
-# --- pull, push, list ---------------------------------------------------------------------------------------
-
-
-def pull_argv(name: str, engine: str, lock: Mapping[str, Any]) -> list[str]:
-    """Pull a published image by digest (for reviewers); refuses images with no published digest."""
-    entry = lock_entry(name, lock)
-    repo, _, _ = split_reference(entry["reference"])
-    if not entry.get("digest") or repo.startswith("localhost/"):
-        raise UserError(
-            f"image '{name}' has no published digest in images/{LOCK_FILE}",
-            fix=f"build it here with `make image-{name}`",
-        )
-    return [check_engine(engine), "pull", f"{repo}@{entry['digest']}"]
-
+# --- references, inspect --------------------------------------------------------------------------------------
 
 # The distribution reference grammar, as engines accept it: a registry host (with an optional port), lowercase path
 # components joined by '.', '_', '__' or dashes, an optional tag. Nothing else may reach the engine's argv.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DESTINATION = re.compile(
-    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)"
-    rf"{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-)
-
-
-def push_argv(name: str, destination: str, engine: str, lock: Mapping[str, Any]) -> list[list[str]]:
-    """Tag the local image as `destination` (REGISTRY/REPO[:TAG]) and push it."""
-    entry = lock_entry(name, lock)
-    if _DESTINATION.fullmatch(destination) is None:
-        raise UserError(
-            "not an image reference (a registry host, lowercase path components, an optional tag)",
-            field="--to",
-            value=destination,
-            fix="pass REGISTRY/NAMESPACE/REPO[:TAG], e.g. ghcr.io/me/draftscope-vllm",
-        )
-    repo, tag, digest = split_reference(destination)
-    if digest or "/" not in repo or repo.startswith("localhost/"):
-        raise UserError(
-            "not a registry destination",
-            field="--to",
-            value=destination,
-            fix="pass REGISTRY/NAMESPACE/REPO[:TAG], e.g. ghcr.io/me/draftscope-vllm",
-        )
-    target = f"{repo}:{tag or entry['tag']}"
-    engine = check_engine(engine)
-    return [[engine, "tag", entry["reference"], target], [engine, "push", target]]
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?"
+REPOSITORY = rf"{_HOST}/{_COMPONENT}(?:/{_COMPONENT})*"
+_DESTINATION = re.compile(rf"{REPOSITORY}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?")
 
 
 def inspect_argv(name: str, engine: str, lock: Mapping[str, Any]) -> list[str]:
