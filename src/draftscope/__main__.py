@@ -68,8 +68,16 @@ def command(args: argparse.Namespace) -> int:
             )
         text = sbom.dumps(sbom.bom(args.image))
         if args.output:
-            with open(args.output, "w", encoding="utf-8") as out:
-                out.write(text)
+            try:
+                with open(args.output, "w", encoding="utf-8") as out:
+                    out.write(text)
+            except OSError as exc:
+                raise UserError(
+                    f"cannot write the SBOM: {exc.strerror}",
+                    field="--output",
+                    value=args.output,
+                    fix="pass a file in an existing, writable folder",
+                ) from None
         else:
             sys.stdout.write(text)
     return 0

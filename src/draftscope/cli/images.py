@@ -176,7 +176,15 @@ def sbom(c, name, engine="docker", output=None, dry_run=False):
         )
     document = I.check_sbom(done.stdout, name)  # written as it came out of the image, byte for byte
     if output:
-        Path(output).write_text(done.stdout, encoding="utf-8")
+        try:
+            Path(output).write_text(done.stdout, encoding="utf-8")
+        except OSError as exc:
+            raise UserError(
+                f"cannot write the SBOM: {exc.strerror}",
+                field="--output",
+                value=output,
+                fix="pass a file in an existing, writable folder",
+            ) from None
         print(f"wrote {output}: {len(document['components'])} components", file=sys.stderr)
     else:
         sys.stdout.write(done.stdout)

@@ -209,6 +209,11 @@ def test_the_command_refuses_bad_input(capsys, monkeypatch):
     assert "SOURCE_DATE_EPOCH" in err and "yesterday" in err
     with pytest.raises(UserError, match="--image"):
         sbom.bom("Bad Name", env=EPOCH)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    missing = ROOT / "no-such-folder" / "sbom.json"
+    assert main(["sbom", "--image", "transformers", "--output", str(missing)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: --output: cannot write the SBOM") and "no-such-folder" in line
 
 
 def test_the_environment_bom_validates_against_cyclonedx_1_5():

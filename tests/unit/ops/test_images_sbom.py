@@ -146,3 +146,10 @@ def test_task_without_the_file_fails_in_one_line(monkeypatch, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error:") and "No such file" in err and "invoke images.build sglang" in err
+    monkeypatch.setattr(
+        I, "execute", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, _bom("sglang"), "")
+    )
+    with pytest.raises(SystemExit) as info:
+        _invoke("images.sbom", "sglang", "--output", str(ROOT / "no-such-folder" / "sbom.json"))
+    assert info.value.code == 2
+    assert "--output: cannot write the SBOM" in capsys.readouterr().err
