@@ -11,7 +11,7 @@ import sys
 
 from draftscope import __version__
 from draftscope.core import hub
-from draftscope.core.errors import run_main
+from draftscope.core.errors import UserError, run_main
 from draftscope.core.provenance import versions
 
 
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--cache", required=True)
     fetch.add_argument("--repo", action="append", required=True)
     fetch.add_argument("--revision", action="append", required=True)
+    sbom = sub.add_parser("sbom", help="write the CycloneDX SBOM of this environment (an image's build step)")
+    sbom.add_argument("--image", required=True, help="the image this environment is: transformers, vllm, …")
+    sbom.add_argument("--output", help="file to write (default: print it)")
     args = parser.parse_args(argv)
     # A user error exits 2, running out of host or GPU memory 3 (the failure's reason, never a move to the CPU).
     return run_main(command, args)
@@ -55,6 +58,28 @@ def command(args: argparse.Namespace) -> int:
         return bench_worker.run(args.run_dir)
     elif args.command == "fetch":
         return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
+    elif args.command == "sbom":
+        from draftscope.core import sbom
+        from draftscope.core.images import IMAGES
+
+        if args.image not in IMAGES:
+            raise UserError(
+                "no such image", field="--image", value=args.image, fix=f"choose one of: {', '.join(IMAGES)}"
+            )
+        text = sbom.dumps(sbom.bom(args.image))
+        if args.output:
+            try:
+                with open(args.output, "w", encoding="utf-8") as out:
+                    out.write(text)
+            except OSError as exc:
+                raise UserError(
+                    f"cannot write the SBOM: {exc.strerror}",
+                    field="--output",
+                    value=args.output,
+                    fix="pass a file in an existing, writable folder",
+                ) from None
+        else:
+            sys.stdout.write(text)
     return 0
 
 

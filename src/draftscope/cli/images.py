@@ -1,4 +1,4 @@
-"""`invoke images.*`: build, pull, push, list and lock the kit's pinned images.
+"""`invoke images.*`: build, pull, push, list and lock the kit's pinned images, and read their SBOMs.
 
 Thin by design: every argv comes from `draftscope.ops.images`; a task prints it, and `--dry-run` prints exactly
 the argv the task would run, then stops.
@@ -199,6 +199,45 @@ def list_(c, engine="docker", json=False):
 
 @command(
     help={
+        "name": "image whose SBOM to read (built here or pulled)",
+        "engine": ENGINE_HELP,
+        "output": "file to write the SBOM to (default: print it)",
+        "dry_run": "print the engine argv and stop",
+    }
+)
+def sbom(c, name, engine="docker", output=None, dry_run=False):
+    """Read the CycloneDX SBOM the image's build wrote (label io.draftscope.sbom), check that it is one naming the
+    image, and print it or write it to --output. The argv goes to stderr, so that stdout is the SBOM alone."""
+    argv = I.sbom_argv(name, engine, I.load_lock())
+    print(shell_join(argv), file=sys.stderr, flush=True)
+    if dry_run:
+        return
+    done = I.execute(argv, capture=True)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise UserError(
+            f"could not read {I.SBOM_PATH} from the image: {reason}",
+            source=f"image '{name}'",
+            fix=f"build it with `invoke images.build {name}` (or pull it); an image built before SBOMs has none",
+        )
+    document = I.check_sbom(done.stdout, name)  # written as it came out of the image, byte for byte
+    if output:
+        try:
+            Path(output).write_text(done.stdout, encoding="utf-8")
+        except OSError as exc:
+            raise UserError(
+                f"cannot write the SBOM: {exc.strerror}",
+                field="--output",
+                value=output,
+                fix="pass a file in an existing, writable folder",
+            ) from None
+        print(f"wrote {output}: {len(document['components'])} components", file=sys.stderr)
+    else:
+        sys.stdout.write(done.stdout)
+
+
+@command(
+    help={
         "tool": "how to ask the registry: buildx (docker buildx imagetools) or skopeo",
         "check": "report what would change; write nothing",
     }
@@ -272,4 +311,4 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2)
 
 
-ns_images = group("images", build, pull, push, list_, lock)
+ns_images = group("images", build, pull, push, list_, lock, sbom)

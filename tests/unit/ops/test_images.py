@@ -411,6 +411,9 @@ def test_build_argv_vllm():
         "org.opencontainers.image.version": __version__,
         "org.opencontainers.image.created": "2023-11-14T22:13:20Z",
         "org.opencontainers.image.base.name": "vllm/vllm-openai:v0.33.0",
+        "io.draftscope.kit-version": __version__,
+        "io.draftscope.lock-sha256": LOCK["images"]["vllm"]["lock_sha256"],
+        "io.draftscope.images-lock-sha256": I.entry_sha256(LOCK["images"]["vllm"]),
     }
 
 

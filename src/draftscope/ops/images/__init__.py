@@ -11,7 +11,8 @@ a parameter); `execute` is the one place that runs them. Build, pull, push and l
 
 Split by concern: `draftscope.core.images` (names, the step map, references, the lock file), `lockfile` (Dockerfile
 and lock-file parsing, consistency, the wheel's hash), `build` (provenance, CUDA architectures, build argv),
-`registry` (pull, push, inspect, digests, `execute`). This package re-exports them for the tasks and tests.
+`registry` (pull, push, inspect, digests, `execute`), `sbom` (reading an image's SBOM back). This package re-exports
+them for the tasks and tests.
 """
 
 from draftscope.core.images import *  # noqa: F403
@@ -21,3 +22,4 @@ from draftscope.ops.images.lockfile import *  # noqa: F403
 from draftscope.ops.images.lockfile import _COMMIT, _DIGEST  # noqa: F401
 from draftscope.ops.images.publish import *  # noqa: F403
 from draftscope.ops.images.registry import *  # noqa: F403
+from draftscope.ops.images.sbom import *  # noqa: F403

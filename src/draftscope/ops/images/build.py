@@ -3,6 +3,8 @@ vllm image's extension, and the engine argv of a build."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -184,6 +186,9 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
         ("org.opencontainers.image.version", __version__),
         ("org.opencontainers.image.created", rfc3339(request.epoch)),
         ("org.opencontainers.image.base.name", base),
+        ("io.draftscope.kit-version", __version__),
+        ("io.draftscope.lock-sha256", entry["lock_sha256"]),
+        ("io.draftscope.images-lock-sha256", entry_sha256(entry)),
     ]
     if digest:
         labels.append(("org.opencontainers.image.base.digest", digest))
@@ -195,6 +200,15 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
     for key, value in labels:
         argv += ["--label", f"{key}={value}"]
     return [*argv, "."]
+
+
+def entry_sha256(entry: Mapping[str, Any]) -> str:
+    """The label io.draftscope.images-lock-sha256: the SHA-256 of the image's entry in images.lock.json (not of the
+    whole file, which changes with every other image's pins and its `generated_at`) without `digest` (the pushed
+    image's own digest, recorded after its build), serialised as `json.dumps(entry, sort_keys=True,
+    separators=(",", ":"))` (ASCII: non-ASCII characters escaped)."""
+    pinned = {key: value for key, value in entry.items() if key != "digest"}
+    return hashlib.sha256(json.dumps(pinned, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _torch_wheel_args(name: str, entry: Mapping[str, Any], request: BuildRequest) -> list[tuple[str, str]]:
