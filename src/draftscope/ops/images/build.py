@@ -202,12 +202,16 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
     return [*argv, "."]
 
 
+# What `invoke images.push` records after the build: not part of what the image was built from.
+PUBLISHED_FIELDS = ("digest", "repository", "image_id", "pushed_at", "published_base")
+
+
 def entry_sha256(entry: Mapping[str, Any]) -> str:
     """The label io.draftscope.images-lock-sha256: the SHA-256 of the image's entry in images.lock.json (not of the
-    whole file, which changes with every other image's pins and its `generated_at`) without `digest` (the pushed
-    image's own digest, recorded after its build), serialised as `json.dumps(entry, sort_keys=True,
+    whole file, which changes with every other image's pins and its `generated_at`) without what a push records
+    after the build (PUBLISHED_FIELDS), serialised as `json.dumps(entry, sort_keys=True,
     separators=(",", ":"))` (ASCII: non-ASCII characters escaped)."""
-    pinned = {key: value for key, value in entry.items() if key != "digest"}
+    pinned = {key: value for key, value in entry.items() if key not in PUBLISHED_FIELDS}
     return hashlib.sha256(json.dumps(pinned, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
