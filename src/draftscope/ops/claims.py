@@ -352,6 +352,5 @@ def label(claim: Mapping[str, Any], verdict: Mapping[str, Any] | None) -> str:
     else:
         shown = verdict["verdict"].replace("_", " ")
     if claim["origin"] == "historical":
-        hardware = claim["provenance"]["hardware"]
-        shown += f" (historical: reported by {claim['provenance']['reported_by']} on {hardware})"
+        shown += f" (historical, reported by {claim['provenance']['reported_by']})"
     return shown

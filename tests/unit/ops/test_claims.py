@@ -136,7 +136,7 @@ def test_a_claim_needing_a_gpu_is_not_run_without_one_and_runs_with_it(tmp_path)
     shown = C.label(
         {"origin": "historical", "provenance": {"reported_by": "them", "hardware": "one A100"}}, ran
     )
-    assert shown == "reproduced (historical: reported by them on one A100)"
+    assert shown == "reproduced (historical, reported by them)"
 
 
 def test_figures_from_json_lines_and_wildcards_need_a_reduce(tmp_path):
