@@ -316,6 +316,7 @@ BASELINES: dict[str, dict[str, str | None]] = {
     "images.lock": {"check": None},
     "images.pull": {"name": "vllm", "dry-run": None},
     "images.push": {"name": "vllm", "to": "registry.invalid/ns/repo", "dry-run": None},
+    "images.sbom": {"name": "transformers", "dry-run": None},
     "pipeline": {"preset": "tiny", "runtime": "local", "workdir": "{sb}/out/w", "dry-run": None},
     "plan": {"experiment": "tiny-cpu"},
     "presets": {},

@@ -246,6 +246,13 @@ def new_work(verdicts: Path, claim_id: str) -> Path:
             return work
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise UserError(
+                f"cannot create the verdict's folder: {exc.strerror or exc}",
+                field="--verdicts",
+                value=str(verdicts),
+                fix="pass a folder you may write in (default runs/claims)",
+            ) from None
     raise UserError(f"no free folder under {base}", field="--output")
 
 
