@@ -60,8 +60,9 @@ driver = "overlay"
 graphroot = "$dir/graph"
 runroot = "$dir/run"
 CONF
-  # Its own state as well: two engines sharing /run/libpod and the shared-memory locks deadlock each other's
-  # containers (seen here: containers stuck in "Created (starting)"). File locks under its own tmp_dir instead.
+  # Its own state folder too (tmp_dir, else /run/libpod, shared with the first engine). The shared-memory lock table
+  # stays shared: both engines allocate from it, which is safe, but `podman system reset` of this storage frees the
+  # first engine's locks as well (seen here: its containers stuck in "Created (starting)"): remove the folder instead.
   engine_conf "tmp_dir = \"$dir/tmp\"" > "$dir/containers.conf"
   export CONTAINERS_STORAGE_CONF="$dir/storage.conf" CONTAINERS_CONF="$dir/containers.conf"
 }

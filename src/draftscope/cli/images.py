@@ -272,6 +272,7 @@ def lock(c, tool="buildx", check=False):
         if digest != entry["base"]["digest"]:
             changes.append(f"{name}: base {reference} {entry['base']['digest']} -> {digest}")
             entry["base"]["digest"] = digest
+            entry["base"].pop("unpinned_because", None)
     train = I.lock_entry("train", data)
     ref = f"v{train['versions']['speculators']}"
     done = I.execute(I.ls_remote_argv(ref), capture=True)

@@ -130,7 +130,8 @@ def unpinned(lock: Mapping[str, Any]) -> list[str]:
         base = entry["base"]
         if not base["digest"]:
             why = LOCAL_BASE if is_local(base["reference"]) else "is not pinned by digest"
-            lines.append(f"{name}: base {base['reference']} {why}")
+            because = f" ({base['unpinned_because']})" if base.get("unpinned_because") else ""
+            lines.append(f"{name}: base {base['reference']} {why}{because}")
         if name == "train" and not entry["versions"].get("speculators_commit"):
             lines.append(f"{name}: the speculators scripts are not pinned to a commit")
     return lines

@@ -1,5 +1,5 @@
 """`invoke images.push` / `images.pull` against a stand-in engine and registry (the container tier does it for real,
-tests/container/test_registry.py): the digest recorded is the one the registry serves, checked against the image
+tests/container/test_publish_by_digest.py): the digest recorded is the one the registry serves, checked against the image
 that was pushed; a local base is pushed beside its image; a pull takes a digest and refuses a tag."""
 
 from __future__ import annotations
