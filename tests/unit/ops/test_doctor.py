@@ -414,7 +414,8 @@ def test_unpinned_bases_are_flagged_not_hidden():
         "not pinned: vllm-cpu: base localhost/debian-py:ci is built locally (images/local/base-image.sh) and has no"
         " registry digest ("
     )
-    assert "invoke images.push vllm-cpu" in line and "(run `invoke images.lock`" not in line  # the lock's reason
+    # the lock's reason, not the registry fix
+    assert "invoke images.push vllm-cpu" in line and "(run `invoke images.lock`" not in line
     assert all("invoke images.lock" in v for v in report["verdict"] if v.startswith("not pinned: vllm:"))
 
 
