@@ -27,7 +27,7 @@ from draftscope.core.config import load_yaml
 from draftscope.core.errors import UserError
 from draftscope.core.hardware import gpus_from_nvidia_smi
 from draftscope.core.images import active_lock_path, load_lock, lock_entry, published_reference
-from draftscope.core.jsonio import read_json
+from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.provenance import kit_info, now
 
 CLAIMS_FILE = Path("research") / "claims.yaml"
@@ -332,9 +332,7 @@ def _finish(doc: dict[str, Any], work: Path, clock: float, verdict: str, reason:
     doc.update(verdict=verdict, reason=reason, finished_at=now(), seconds=round(time.monotonic() - clock, 3))
     schema.check(doc, "claim-verdict", VERDICT)
     path = work / VERDICT
-    tmp = path.with_name(VERDICT + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_json(path, doc)
     return doc, path
 
 
