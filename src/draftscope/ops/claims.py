@@ -73,18 +73,31 @@ def _check_shape(check: Mapping[str, Any], where: str) -> None:
             field=f"{where}.{missing[0]}",
             fix="add it, or say `none: why`",
         )
-    for j, command in enumerate(check["commands"]):
-        if command[0] != "invoke":
-            raise UserError(
-                "a check's command is a kit task",
-                field=f"{where}.commands[{j}][0]",
-                value=command[0],
-                fix="start it with invoke",
-            )
+    for j, step in enumerate(steps(check)):
+        for k, command in enumerate(step):
+            if command[0] != "invoke":
+                inner = f".together[{k}]" if len(step) > 1 else ""
+                raise UserError(
+                    "a check's command is a kit task",
+                    field=f"{where}.commands[{j}]{inner}[0]",
+                    value=command[0],
+                    fix="start it with invoke",
+                )
     if check["hardware"]["class"] == "gpu" and not check["hardware"].get("gpu"):
         raise UserError(
             "a GPU check names its GPU", field=f"{where}.hardware.gpu", fix="e.g. gpu: A100-SXM4-80GB"
         )
+
+
+def steps(check: Mapping[str, Any]) -> list[list[list[str]]]:
+    """A check's commands as steps run one after the other; a step is one argv, or several started together
+    (`{together: [argv, ...]}`: an A/A pair that must see the same machine load, as its study ran it)."""
+    return [entry["together"] if isinstance(entry, dict) else [entry] for entry in check.get("commands", [])]
+
+
+def argvs(check: Mapping[str, Any]) -> list[list[str]]:
+    """Every command of a check, in order."""
+    return [command for step in steps(check) for command in step]
 
 
 def find_claim(claims: Sequence[Mapping[str, Any]], claim_id: str) -> Mapping[str, Any]:
@@ -285,31 +298,10 @@ def reproduce(claim: Mapping[str, Any], ctx: Context) -> tuple[dict[str, Any], P
     doc["images"], missing = _images(check, ctx)
     if missing:
         return _finish(doc, work, clock, "failed", missing)
-    for i, command in enumerate(check["commands"]):
-        argv = _argv(command, work, ctx.python)
-        log = work / "logs" / f"{i + 1:02d}-{command[1]}.log"
-        log.parent.mkdir(exist_ok=True)
-        ctx.say(f"{claim['id']}: {' '.join(command)}")
-        begun = time.monotonic()
-        with log.open("w", encoding="utf-8") as out:
-            code = subprocess.run(
-                argv, cwd=ctx.root, stdout=out, stderr=subprocess.STDOUT, check=False
-            ).returncode
-        doc["commands"].append(
-            {
-                "argv": command,
-                "exit_code": code,
-                "seconds": round(time.monotonic() - begun, 3),
-                "log": _shown(log, work),
-            }
-        )
-        if code != 0:
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:] or [
-                "(no output)"
-            ]
-            return _finish(
-                doc, work, clock, "failed", f"`{' '.join(command[:2])}` exited with {code}: {tail[0]}"
-            )
+    for step in steps(check):
+        failure = _run_step(step, doc["commands"], work, ctx, claim["id"])
+        if failure:
+            return _finish(doc, work, clock, "failed", failure)
     doc["figures"] = figure_rows(check, work)
     broken = [row for row in doc["figures"] if "problem" in row]
     if broken:
@@ -319,6 +311,31 @@ def reproduce(claim: Mapping[str, Any], ctx: Context) -> tuple[dict[str, Any], P
         shown = "; ".join(f"{r['quantity']}: {r['measured']} against {r['expected']}" for r in off)
         return _finish(doc, work, clock, "not_reproduced", shown)
     return _finish(doc, work, clock, "reproduced", f"{len(doc['figures'])} figure(s) as claimed")
+
+
+def _run_step(
+    step: Sequence[Sequence[str]], rows: list[dict[str, Any]], work: Path, ctx: Context, claim_id: str
+) -> str | None:
+    """Start every command of a step at once (one, usually), wait for all, add their rows; why one failed, or None."""
+    running = []
+    for command in step:
+        log = work / "logs" / f"{len(rows) + len(running) + 1:02d}-{command[1]}.log"
+        log.parent.mkdir(exist_ok=True)
+        ctx.say(f"{claim_id}: {' '.join(command)}" + (" (started together)" if len(step) > 1 else ""))
+        with log.open("w", encoding="utf-8") as out:  # the child keeps its own copy of the descriptor
+            process = subprocess.Popen(
+                _argv(command, work, ctx.python), cwd=ctx.root, stdout=out, stderr=subprocess.STDOUT
+            )
+        running.append((command, log, process, time.monotonic()))
+    failure = None
+    for command, log, process, begun in running:
+        code = process.wait()
+        seconds = round(time.monotonic() - begun, 3)
+        rows.append({"argv": list(command), "exit_code": code, "seconds": seconds, "log": _shown(log, work)})
+        if code != 0 and failure is None:
+            lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines() or ["(no output)"]
+            failure = f"`{' '.join(command[:2])}` exited with {code}: {lines[-1]}"
+    return failure
 
 
 def _shown(path: Path, root: Path) -> str:

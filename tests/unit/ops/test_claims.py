@@ -42,12 +42,12 @@ def test_every_claim_names_its_check_and_every_command_is_a_real_task_with_real_
             continue
         assert set(check["images"]) <= set(IMAGES)
         assert check["minutes"] > 0 and check["figures"]
-        for command in check["commands"]:
+        for command in C.argvs(check):
             found = task(command[1])
             flags = {f"--{a.name.replace('_', '-')}" for a in found.get_arguments()}
             used = {w for w in command[2:] if w.startswith("--")}
             assert used <= flags, (claim["id"], command[1], sorted(used - flags))
-        outputs = " ".join(w for cmd in check["commands"] for w in cmd)
+        outputs = " ".join(w for cmd in C.argvs(check) for w in cmd)
         for figure in check["figures"]:  # every figure is read from something a command writes
             assert figure["file"].split("/")[1] in outputs, (claim["id"], figure["file"])
 
@@ -58,9 +58,7 @@ def test_the_cpu_claims_are_the_kits_and_cite_committed_evidence():
     for claim in cpu:
         assert claim["evidence"] and all((ROOT / "research" / e).exists() for e in claim["evidence"])
         assert all(
-            "--runtime" in cmd and "docker" in cmd
-            for cmd in claim["check"]["commands"]
-            if cmd[1] == "benchmark"
+            "--runtime" in cmd and "docker" in cmd for cmd in C.argvs(claim["check"]) if cmd[1] == "benchmark"
         )
     assert all(c["status"] == "reported" for c in CLAIMS if c["origin"] == "historical")
 
@@ -118,6 +116,45 @@ def test_a_claim_is_reproduced_not_reproduced_or_failed_and_no_verdict_is_overwr
     failed, _ = C.reproduce(broken, context(tmp_path))
     assert failed["verdict"] == "failed" and "exited with" in failed["reason"] and failed["figures"] == []
     assert C.latest(tmp_path / "verdicts", "synthetic")["verdict"] == "failed"  # the newest
+
+
+WAITER = """#!/bin/sh
+# stands in for `python -m invoke NAME`: writes NAME, then waits (at most 10 s) for the other name to appear
+shift 2
+touch "$WORK/$1"
+for _ in $(seq 100); do [ -e "$WORK/$2" ] && exit 0; sleep 0.1; done
+exit 3
+"""
+
+
+def test_commands_together_start_at_once_and_a_failure_in_a_step_fails_the_check(tmp_path, monkeypatch):
+    # Each stand-in waits for the other: run one after the other, the first would give up after 10 s and fail.
+    fake = tmp_path / "python"
+    fake.write_text(WAITER)
+    fake.chmod(0o755)
+    monkeypatch.setenv("WORK", str(tmp_path))
+    claim = claim_on(tmp_path)
+    pair = [["invoke", "a", "b"], ["invoke", "b", "a"]]
+    claim["check"]["commands"] = [{"together": pair}]
+    claim["check"]["figures"] = [{"quantity": "q", "file": "{work}/none.json", "path": "x", "expected": 1}]
+    ctx = context(tmp_path)
+    ctx.python = str(fake)
+    doc, _ = C.reproduce(claim, ctx)
+    assert [c["exit_code"] for c in doc["commands"]] == [0, 0]
+    assert [c["log"] for c in doc["commands"]] == ["logs/01-a.log", "logs/02-b.log"]
+    assert doc["verdict"] == "failed" and doc["reason"] == "{work}/none.json was not written"
+    claim["check"]["commands"] = [
+        {"together": [["invoke", "c", "never"], ["invoke", "d", "c"]]},
+        ["invoke", "e", "f"],
+    ]
+    doc, _ = C.reproduce(claim, ctx)
+    assert [c["exit_code"] for c in doc["commands"]] == [3, 0]  # the second step never started
+    assert doc["verdict"] == "failed" and doc["reason"].startswith("`invoke c` exited with 3")
+    assert C.steps({"commands": [pair[0], {"together": pair}]}) == [[pair[0]], pair]
+    bad = {**claim["check"], "commands": [{"together": [pair[0], ["python", "x"]]}]}
+    with pytest.raises(Exception, match="kit task") as info:
+        C._check_shape(bad, "$.claims[0].check")
+    assert info.value.field == "$.claims[0].check.commands[0].together[1][0]"
 
 
 def test_a_claim_needing_a_gpu_is_not_run_without_one_and_runs_with_it(tmp_path):
