@@ -17,6 +17,7 @@ from invoke import Exit
 from draftscope.cli.command import command, group
 from draftscope.core import schema
 from draftscope.core.errors import UserError
+from draftscope.core.jsonio import atomic_write_text
 from draftscope.core.provenance import now, shell_join
 from draftscope.ops import images as I
 
@@ -94,9 +95,7 @@ def _engine_run(argv, capture):
 
 def _write_lock(path: Path, data: dict[str, Any]) -> None:
     schema.check(data, "images-lock", str(path))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(_dumps(data) + "\n", encoding="utf-8")
-    tmp.replace(path)  # a reader never sees half a lock
+    atomic_write_text(path, _dumps(data) + "\n")  # a reader never sees half a lock
 
 
 LOCK_HELP = "the lock to read and record in (default: $DRAFTSCOPE_IMAGES_LOCK, else images/images.lock.json)"
