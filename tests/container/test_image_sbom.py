@@ -88,7 +88,8 @@ def test_the_labels_name_the_sbom_the_kit_and_the_lock_hashes(labels, image_sbom
 
 
 def test_the_image_sbom_validates_against_cyclonedx_1_5(image_sbom):
-    validation = pytest.importorskip("cyclonedx.validation.json")
-    schema = pytest.importorskip("cyclonedx.schema")
-    validator = validation.JsonStrictValidator(schema.SchemaVersion.V1_5)
+    from cyclonedx.schema import SchemaVersion  # a dev dependency: missing, the test fails rather than skips
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    validator = JsonStrictValidator(SchemaVersion.V1_5)
     assert validator.validate_str(json.dumps(image_sbom)) is None

@@ -293,3 +293,15 @@ def test_draftscope_version_names_the_kit():
     result = run_draftscope("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"draftscope {__version__}")
+
+
+def test_no_package_makes_every_process_build_a_grammar_when_jsonschema_is_imported():
+    """jsonschema imports rfc3987-syntax when it is installed (its format-nongpl extra), and that package builds a
+    Lark grammar at import: about a second more for every `invoke` process, which made the bad-input corpus (200
+    processes) outrun its time limit. The kit checks its only format (date-time) itself; nothing it installs may
+    bring the package back (cyclonedx-python-lib's json-validation extra did)."""
+    import importlib.util
+
+    assert importlib.util.find_spec("rfc3987_syntax") is None, (
+        "rfc3987-syntax is installed: find what requires jsonschema[format-nongpl] (pip show -v) and drop that extra"
+    )
