@@ -73,26 +73,47 @@ def _check_shape(check: Mapping[str, Any], where: str) -> None:
             field=f"{where}.{missing[0]}",
             fix="add it, or say `none: why`",
         )
-    for j, step in enumerate(steps(check)):
-        for k, command in enumerate(step):
-            if command[0] != "invoke":
-                inner = f".together[{k}]" if len(step) > 1 else ""
-                raise UserError(
-                    "a check's command is a kit task",
-                    field=f"{where}.commands[{j}]{inner}[0]",
-                    value=command[0],
-                    fix="start it with invoke",
-                )
+    for j, command in enumerate(check["commands"]):
+        if command[0] != "invoke":
+            raise UserError(
+                "a check's command is a kit task",
+                field=f"{where}.commands[{j}][0]",
+                value=command[0],
+                fix="start it with invoke",
+            )
+    _check_together(check, where)
     if check["hardware"]["class"] == "gpu" and not check["hardware"].get("gpu"):
         raise UserError(
             "a GPU check names its GPU", field=f"{where}.hardware.gpu", fix="e.g. gpu: A100-SXM4-80GB"
         )
 
 
+def _check_together(check: Mapping[str, Any], where: str) -> None:
+    """`together` groups are runs of consecutive command numbers (from 1), each command in one group at most."""
+    count, seen = len(check["commands"]), set()
+    for g, group in enumerate(check.get("together", [])):
+        if sorted(group) != list(range(min(group), min(group) + len(group))) or max(group) > count:
+            raise UserError(
+                f"a group started together is consecutive command numbers, from 1 to {count}",
+                field=f"{where}.together[{g}]",
+                value=group,
+                fix="e.g. [1, 2] for the first two commands",
+            )
+        if seen & set(group):
+            raise UserError("a command is in one group at most", field=f"{where}.together[{g}]", value=group)
+        seen |= set(group)
+
+
 def steps(check: Mapping[str, Any]) -> list[list[list[str]]]:
-    """A check's commands as steps run one after the other; a step is one argv, or several started together
-    (`{together: [argv, ...]}`: an A/A pair that must see the same machine load, as its study ran it)."""
-    return [entry["together"] if isinstance(entry, dict) else [entry] for entry in check.get("commands", [])]
+    """A check's commands as steps run one after the other; a step is one command, or a `together` group started
+    at once (an A/A pair that must see the same machine load, as its study ran it)."""
+    first = {min(group): len(group) for group in check.get("together", [])}
+    commands, out, n = check.get("commands", []), [], 0
+    while n < len(commands):
+        size = first.get(n + 1, 1)
+        out.append([list(c) for c in commands[n : n + size]])
+        n += size
+    return out
 
 
 def argvs(check: Mapping[str, Any]) -> list[list[str]]:

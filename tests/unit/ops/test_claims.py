@@ -135,7 +135,7 @@ def test_commands_together_start_at_once_and_a_failure_in_a_step_fails_the_check
     monkeypatch.setenv("WORK", str(tmp_path))
     claim = claim_on(tmp_path)
     pair = [["invoke", "a", "b"], ["invoke", "b", "a"]]
-    claim["check"]["commands"] = [{"together": pair}]
+    claim["check"].update(commands=pair, together=[[1, 2]])
     claim["check"]["figures"] = [{"quantity": "q", "file": "{work}/none.json", "path": "x", "expected": 1}]
     ctx = context(tmp_path)
     ctx.python = str(fake)
@@ -143,18 +143,17 @@ def test_commands_together_start_at_once_and_a_failure_in_a_step_fails_the_check
     assert [c["exit_code"] for c in doc["commands"]] == [0, 0]
     assert [c["log"] for c in doc["commands"]] == ["logs/01-a.log", "logs/02-b.log"]
     assert doc["verdict"] == "failed" and doc["reason"] == "{work}/none.json was not written"
-    claim["check"]["commands"] = [
-        {"together": [["invoke", "c", "never"], ["invoke", "d", "c"]]},
-        ["invoke", "e", "f"],
-    ]
+    claim["check"]["commands"] = [["invoke", "c", "never"], ["invoke", "d", "c"], ["invoke", "e", "f"]]
     doc, _ = C.reproduce(claim, ctx)
-    assert [c["exit_code"] for c in doc["commands"]] == [3, 0]  # the second step never started
+    assert [c["exit_code"] for c in doc["commands"]] == [3, 0]  # the third never started
     assert doc["verdict"] == "failed" and doc["reason"].startswith("`invoke c` exited with 3")
-    assert C.steps({"commands": [pair[0], {"together": pair}]}) == [[pair[0]], pair]
-    bad = {**claim["check"], "commands": [{"together": [pair[0], ["python", "x"]]}]}
-    with pytest.raises(Exception, match="kit task") as info:
-        C._check_shape(bad, "$.claims[0].check")
-    assert info.value.field == "$.claims[0].check.commands[0].together[1][0]"
+    three = {"commands": [["invoke", "x"]] * 4, "together": [[2, 3]]}
+    assert [len(step) for step in C.steps(three)] == [1, 2, 1] and len(C.argvs(three)) == 4
+    shape = {"hardware": {"class": "cpu", "description": "x"}, "images": [], "minutes": 1, "figures": []}
+    for together, where in (([[2, 4]], "[0]"), ([[3, 4, 5]], "[0]"), ([[1, 2], [2, 3]], "[1]")):
+        with pytest.raises(Exception, match=r"consecutive|one group") as info:
+            C._check_shape({**shape, **three, "together": together}, "$.c")
+        assert info.value.field == f"$.c.together{where}"
 
 
 def test_a_claim_needing_a_gpu_is_not_run_without_one_and_runs_with_it(tmp_path):
