@@ -174,11 +174,16 @@ IMAGE_ARCH = $(if $(CUDA_ARCH),--cuda-arch '$(CUDA_ARCH)')
 
 images: image-transformers image-vllm image-train image-sglang image-vllm-cpu
 
-image-transformers image-train image-sglang: setup dist
+image-transformers image-sglang: setup dist
 	+$(BIN)/invoke images.build $(@:image-%=%) --engine $(ENGINE) $(IMAGE_DRY_RUN)
 
-image-vllm: setup dist
+# vllm: on the local Debian base (built here first, without a registry); train: on the vllm image, whose layers it
+# shares (the build stops with a one-line message when that image is not built yet: `make image-vllm CUDA_ARCH=…`).
+image-vllm: setup dist $(if $(IMAGE_DRY_RUN),,base-image)
 	+$(BIN)/invoke images.build vllm $(IMAGE_ARCH) --engine $(ENGINE) $(IMAGE_DRY_RUN)
+
+image-train: setup dist
+	+$(BIN)/invoke images.build train --engine $(ENGINE) $(IMAGE_DRY_RUN)
 
 # The CPU twin of vllm and train (tests, CI; not a GPU image), on the local base images/local/base-image.sh builds.
 # Its torch is the CPU wheel for the base's Python 3.11, fetched into .wheels/ with the host's TORCH_SPEC; the build

@@ -41,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     sbom = sub.add_parser("sbom", help="write the CycloneDX SBOM of this environment (an image's build step)")
     sbom.add_argument("--image", required=True, help="the image this environment is: transformers, vllm, …")
     sbom.add_argument("--output", help="file to write (default: print it)")
+    check = sub.add_parser(
+        "argv-check",
+        help="parse every command line the kit's plans emit for this image with the engines' parsers",
+    )
+    check.add_argument("--image", required=True, help="the image this environment is: vllm, train or sglang")
+    check.add_argument("--commands", help="parse these planned commands (JSON, argv_check.to_json) instead")
     args = parser.parse_args(argv)
     # A user error exits 2, running out of host or GPU memory 3 (the failure's reason, never a move to the CPU).
     return run_main(command, args)
@@ -56,6 +62,10 @@ def command(args: argparse.Namespace) -> int:
         from draftscope.bench import worker as bench_worker
 
         return bench_worker.run(args.run_dir)
+    elif args.command == "argv-check":
+        from draftscope.ops import argv_check  # lazy: it plans the pipeline and imports the engines
+
+        return argv_check.main(args.image, args.commands)
     elif args.command == "fetch":
         return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
     elif args.command == "sbom":

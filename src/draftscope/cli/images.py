@@ -79,6 +79,14 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     if dry_run:
         return
     _warn([line for line in I.unpinned(lock) if line.startswith(f"{name}:") and not base_image])
+    base = base_image or I.base_reference(lock["images"][name])
+    if I.is_local(base) and I.execute([engine, "image", "inspect", base], capture=True).returncode != 0:
+        raise UserError(
+            f"the base image {base} of image '{name}' is not built in {engine}'s storage",
+            field="BASE_IMAGE",
+            value=base,
+            fix=I.local_base_fix(base, lock),
+        )
     if name in I.TORCH_WHEEL_IMAGES:
         # Their Dockerfiles bind-mount .wheels/ (the torch wheel): the folder must exist, even empty.
         (root / I.WHEELS_DIR).mkdir(exist_ok=True)
@@ -242,10 +250,9 @@ def sbom(c, name, engine="docker", output=None, dry_run=False):
     }
 )
 def lock(c, tool="buildx", check=False):
-    """Resolve every base's digest (rewriting images.lock.json and the Dockerfiles) and check the speculators release
-    tag against the commit of the vendored scripts.
+    """Resolve every base's digest (rewriting images.lock.json and the Dockerfiles).
 
-    Needs a machine that reaches the registries (and GitHub); run it after changing a base or a release.
+    Needs a machine that reaches the registries; run it after changing a base or a release.
     """
     root = I.checkout()
     path = I.lock_path(root)
@@ -272,23 +279,6 @@ def lock(c, tool="buildx", check=False):
             changes.append(f"{name}: base {reference} {entry['base']['digest']} -> {digest}")
             entry["base"]["digest"] = digest
             entry["base"].pop("unpinned_because", None)
-    train = I.lock_entry("train", data)
-    ref = f"v{train['versions']['speculators']}"
-    done = I.execute(I.ls_remote_argv(ref), capture=True)
-    if done.returncode != 0:
-        raise UserError(
-            f"could not list the tags of {I.SPECULATORS_REPO}: {done.stderr.strip()[-200:]}",
-            source="git ls-remote",
-            fix="run `invoke images.lock` on a machine that reaches GitHub",
-        )
-    commit = I.parse_ls_remote(done.stdout, ref)
-    vendored = train["versions"].get("speculators_commit")
-    if commit != vendored:
-        # The scripts are vendored (images/train/speculators): a new commit means copying them again, not a new pin.
-        print(
-            f"train: speculators {ref} is commit {commit}; the vendored scripts are from {vendored}: vendor them"
-            " again at that commit (images/train/speculators/README.md)"
-        )
     for line in changes:
         print(line)
     if not changes:

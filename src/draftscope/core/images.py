@@ -26,7 +26,7 @@ LOCK_FILE = "images.lock.json"
 # (`make kick-the-tires` writes one for its loopback registry). Every reader of the lock honours it.
 LOCK_ENV = "DRAFTSCOPE_IMAGES_LOCK"
 # How `unpinned` flags a base built on this machine: nothing can pin it by a registry digest.
-LOCAL_BASE = "is built locally (images/local/base-image.sh) and has no registry digest"
+LOCAL_BASE = "is built locally and has no registry digest"
 SOURCE_URL = "https://github.com/draftscope/draftscope"
 
 
@@ -124,7 +124,7 @@ def base_reference(entry: Mapping[str, Any]) -> str:
 
 
 def unpinned(lock: Mapping[str, Any]) -> list[str]:
-    """One line per thing images.lock.json leaves unpinned (bases without a digest, missing commits)."""
+    """One line per thing images.lock.json leaves unpinned (bases without a digest)."""
     lines = []
     for name, entry in lock["images"].items():
         base = entry["base"]
@@ -132,6 +132,4 @@ def unpinned(lock: Mapping[str, Any]) -> list[str]:
             why = LOCAL_BASE if is_local(base["reference"]) else "is not pinned by digest"
             because = f" ({base['unpinned_because']})" if base.get("unpinned_because") else ""
             lines.append(f"{name}: base {base['reference']} {why}{because}")
-        if name == "train" and not entry["versions"].get("speculators_commit"):
-            lines.append(f"{name}: the speculators scripts are not pinned to a commit")
     return lines

@@ -408,15 +408,14 @@ def test_unpinned_bases_are_flagged_not_hidden():
     expected = [f"not pinned: {line}" for line in unpinned(load_lock())]
     assert [v.split(" (run ")[0] for v in report["verdict"] if v.startswith("not pinned: ")] == expected
     # The fix offered fits the cause: a registry base is resolved by images.lock; a local one has nothing to resolve.
-    local = [v for v in report["verdict"] if "built locally" in v]
-    (line,) = local
-    assert line.startswith(
-        "not pinned: vllm-cpu: base localhost/debian-py:ci is built locally (images/local/base-image.sh) and has no"
-        " registry digest ("
-    )
-    # the lock's reason, not the registry fix
-    assert "invoke images.push vllm-cpu" in line and "(run `invoke images.lock`" not in line
-    assert all("invoke images.lock" in v for v in report["verdict"] if v.startswith("not pinned: vllm:"))
+    local = {v.split(":")[1].strip(): v for v in report["verdict"] if "built locally" in v}
+    assert sorted(local) == ["train", "vllm", "vllm-cpu"]
+    for name in ("vllm", "vllm-cpu"):
+        assert local[name].startswith(
+            f"not pinned: {name}: base localhost/debian-py:ci is built locally and has no registry digest ("
+        )
+        # the lock's reason, not the registry fix
+        assert f"invoke images.push {name}" in local[name] and "(run `invoke images.lock`" not in local[name]
 
 
 def test_a_checkout_copy_without_git_takes_the_stated_commit(monkeypatch):

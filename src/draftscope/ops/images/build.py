@@ -177,8 +177,6 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
         )
     if request.torch_wheel or request.torch_wheel_sha256 or name in WHEEL_TORCH_IMAGES:
         args += _torch_wheel_args(name, entry, request)
-    if name == "train" and entry["versions"].get("speculators_commit"):
-        args.append(("SPECULATORS_COMMIT", entry["versions"]["speculators_commit"]))
     _, _, digest = split_reference(base)
     labels = [
         ("org.opencontainers.image.source", SOURCE_URL),
@@ -200,6 +198,15 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
     for key, value in labels:
         argv += ["--label", f"{key}={value}"]
     return [*argv, "."]
+
+
+def local_base_fix(base: str, lock: Mapping[str, Any]) -> str:
+    """How to build a missing local base: another of the kit's images (train's vllm), or the Debian base."""
+    for other, entry in lock["images"].items():
+        if entry["reference"] == base:
+            arch = " CUDA_ARCH=9.0 (your GPUs' compute capabilities)" if other == "vllm" else ""
+            return f"build it first: make image-{other}{arch}"
+    return "build it first: make base-image (images/local/base-image.sh, podman)"
 
 
 # What `invoke images.push` records after the build: not part of what the image was built from.

@@ -28,7 +28,6 @@ from draftscope.core.images import (
 from draftscope.core.jsonio import read_json, sha256_file
 
 ENGINES = ("docker", "podman")
-SPECULATORS_REPO = "https://github.com/vllm-project/speculators"
 # Where the transformers image's CPU test path finds its torch wheel (bind-mounted, never copied).
 WHEELS_DIR = ".wheels"
 # Where `make dist` leaves the kit's wheel and sdist. Every image installs that wheel, bind-mounted from here, by
@@ -38,8 +37,8 @@ DIST_DIR = "dist"
 # `uv pip compile` target of each image's lock: (Python, platform). sglang's wheels are manylinux_2_34 only.
 LOCK_TARGETS = {
     "transformers": ("3.11", "x86_64-manylinux_2_28"),
-    "vllm": ("3.12", "x86_64-manylinux_2_28"),
-    "train": ("3.12", "x86_64-manylinux_2_28"),
+    "vllm": ("3.11", "x86_64-manylinux_2_28"),
+    "train": ("3.11", "x86_64-manylinux_2_28"),
     "sglang": ("3.12", "x86_64-manylinux_2_34"),
     "vllm-cpu": ("3.11", "x86_64-manylinux_2_28"),
 }
@@ -253,7 +252,7 @@ def _image_problems(root: Path, name: str, entry: Mapping[str, Any], lock: Mappi
                 )
         elif key == "torch" and args.get("TORCH_VERSION") is not None:
             problems += _wheel_torch_problems(folder, versions[key], args["TORCH_VERSION"])
-        elif not _from_base(name, key, versions[key], entry, lock):
+        else:
             problems.append(
                 f"versions.{key}={versions[key]} is neither pinned in the lock nor given by the base"
             )
@@ -268,19 +267,23 @@ def _image_problems(root: Path, name: str, entry: Mapping[str, Any], lock: Mappi
         and not (base_tag or "").startswith(cuda)
     ):
         problems.append(f"versions.cuda={cuda} but the base is {entry['base']['reference']}")
-    if name == "train":
-        commit = versions.get("speculators_commit")
-        if commit is not None and not _COMMIT.fullmatch(commit):
-            problems.append(f"versions.speculators_commit={commit} is not a full 40-character commit SHA")
-        if (args.get("SPECULATORS_COMMIT") or None) != commit:
-            problems.append(
-                f"Dockerfile ARG SPECULATORS_COMMIT={args.get('SPECULATORS_COMMIT')} but the lock says {commit}"
-            )
-        if versions.get("speculators") and args.get("SPECULATORS_REF") != f"v{versions['speculators']}":
-            problems.append(
-                f"Dockerfile ARG SPECULATORS_REF={args.get('SPECULATORS_REF')} is not the release tag"
-            )
+    if entry["base"]["reference"] == lock["images"].get("vllm", {}).get("reference") and name != "vllm":
+        problems += _layered_problems(root, name)
     return problems
+
+
+def _layered_problems(root: Path, name: str) -> list[str]:
+    """An image built on the vllm image (train) installs its own lock over the vllm lock's packages: a package both
+    pin at different versions would be downloaded and installed a second time, over the base's, and the layers
+    would no longer be shared."""
+    base = pinned_versions((root / "images" / "vllm" / "requirements.lock").read_text(encoding="utf-8"))
+    own = pinned_versions((root / "images" / name / "requirements.lock").read_text(encoding="utf-8"))
+    return [
+        f"requirements.lock pins {package}=={own[package]} but the vllm image it is built on has {base[package]}"
+        " (re-run the lock compile commands: train first, then vllm, which is constrained by it)"
+        for package in sorted(own.keys() & base.keys())
+        if own[package] != base[package]
+    ]
 
 
 def _wheel_torch_problems(folder: Path, version: str, dockerfile_version: str | None) -> list[str]:
@@ -304,18 +307,6 @@ def _wheel_torch_problems(folder: Path, version: str, dockerfile_version: str | 
 
 def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
-
-
-def _from_base(name: str, key: str, version: str, entry: Mapping[str, Any], lock: Mapping[str, Any]) -> bool:
-    """A version the base image provides: vLLM from the vllm-openai tag; its torch as the train lock pins it."""
-    if name != "vllm":
-        return False
-    _, tag, _ = split_reference(entry["base"]["reference"])
-    if key == "vllm":
-        return tag == f"v{version}"
-    train = lock["images"].get("train", {}).get("versions", {})
-    # vLLM pins torch exactly: the train lock, which holds the same vLLM, shows the torch it brings.
-    return train.get("vllm") == entry["versions"].get("vllm") and train.get(key) == version
 
 
 # --- lock compilation ---------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.images import lock_entry, split_reference
 from draftscope.ops.images.build import check_engine
-from draftscope.ops.images.lockfile import _COMMIT, _DIGEST, SPECULATORS_REPO, Runner
+from draftscope.ops.images.lockfile import _DIGEST, Runner
 
 # --- references, inspect --------------------------------------------------------------------------------------
 
@@ -70,19 +70,6 @@ def parse_digest(tool: str, stdout: str) -> str:
             "the registry answer names no digest", source="docker buildx imagetools", value=stdout
         )
     return digest
-
-
-def ls_remote_argv(ref: str) -> list[str]:
-    return ["git", "ls-remote", SPECULATORS_REPO, f"refs/tags/{ref}", f"refs/tags/{ref}^{{}}"]
-
-
-def parse_ls_remote(stdout: str, ref: str) -> str:
-    """The commit a tag names (the peeled `^{}` line of an annotated tag wins)."""
-    found = dict(reversed(line.split()) for line in stdout.splitlines() if len(line.split()) == 2)
-    commit = found.get(f"refs/tags/{ref}^{{}}") or found.get(f"refs/tags/{ref}")
-    if not commit or not _COMMIT.match(commit):
-        raise UserError(f"tag {ref} not found", source=SPECULATORS_REPO, fix="check the release tag")
-    return commit
 
 
 def set_dockerfile_arg(text: str, name: str, value: str) -> str:
