@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 
 from draftscope import __version__
 from draftscope.core import hardware
+from draftscope.core.cuda_arch import validate_cuda_arch
 from draftscope.core.errors import UserError
 from draftscope.core.images import (
     LOCK_FILE,
@@ -25,7 +25,7 @@ from draftscope.core.images import (
     split_reference,
 )
 from draftscope.core.jsonio import sha256_file
-from draftscope.ops.images.lockfile import _ARCH, _COMMIT, ENGINES, WHEELS_DIR, Runner, kit_wheel_name
+from draftscope.ops.images.lockfile import _COMMIT, ENGINES, WHEELS_DIR, Runner, kit_wheel_name
 
 # --- provenance of a build ----------------------------------------------------------------------------------
 
@@ -71,20 +71,7 @@ def rfc3339(epoch: int) -> str:
 # --- CUDA architectures for the vllm image's extension ------------------------------------------------------
 
 
-def validate_cuda_arch(text: str, source: str = "--cuda-arch") -> str:
-    """Normalise `9.0`, `8.0;9.0` or `8.0 9.0` to `8.0;9.0`; reject empty lists and `all`."""
-    parts = [p for p in re.split(r"[;,\s]+", text.strip()) if p]
-    if not parts:
-        raise UserError("the CUDA architecture list is empty", field=source, fix="pass e.g. 9.0 or '8.0;9.0'")
-    bad = [p for p in parts if not _ARCH.match(p)]
-    if bad:
-        raise UserError(
-            "not a CUDA architecture (compute capability, like 8.0, 9.0a or 10.0+PTX)",
-            field=source,
-            value=bad[0],
-            fix="list the target GPUs' compute capabilities, e.g. '8.0;9.0' (never 'all')",
-        )
-    return ";".join(dict.fromkeys(parts))
+# validate_cuda_arch lives in draftscope.core.cuda_arch (the head's AOT compile needs it too); imported above.
 
 
 def cuda_arch_from_gpus(gpus: Sequence[Any]) -> str | None:
