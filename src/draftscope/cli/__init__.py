@@ -9,6 +9,7 @@ from draftscope.cli import (
     analysis,
     bench,
     claims,
+    contracts,
     datasets,
     demo,
     doctor,
@@ -40,6 +41,7 @@ ns = Collection(
     images.ns_images,
     datasets.ns_datasets,
     claims.ns_claims,
+    contracts.ns_contracts,
 )
 
 

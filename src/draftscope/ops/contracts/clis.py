@@ -1,0 +1,290 @@
+"""The command lines of the upstream releases, read from their sources: flag → its form.
+
+A form is what a flag takes, in words: `switch` (no value), `takes a value`, `takes values` (a list) or
+`takes one of: a, b` (a `Literal` / choices). Each reader follows how that release builds its parser:
+
+- vLLM's `vllm serve`: the explicit `add_argument` calls of `vllm/engine/arg_utils.py`, a flag typed bool by the
+  config field its `**X_kwargs["field"]` comes from (and then with a `--no-` form), plus the frontend's fields;
+- speculators' `python -m speculators CMD`: typer commands registered as `app.command(...)(function)`, their
+  options the function's parameters (`Annotated[T, typer.Option("--x/--no-x")]`);
+- speculators' trainer (`-m speculators.train`): one flag per field of `TrainConfig` and its groups, bools as
+  `store_true` or, defaulting to True/None or tagged optional, `BooleanOptionalAction`; plus `--config` and the
+  hidden-state file backend's `--hidden-states-path` (hs-connectors);
+- SGLang's `launch_server`: annotated config fields (`A[type, "help"]` / `A[type, Arg(...)]` in
+  `sglang/srt/arg_groups/fields/`) and the explicit `add_argument` calls of `server_args.py`.
+
+The contract tier's tests hold the same rules for the pinned releases; a module a release lacks gives no flags.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+
+from draftscope.ops.contracts.reading import Missing, tree
+from draftscope.ops.contracts.wheels import Release
+
+SWITCH = "switch"
+VALUE = "takes a value"
+VALUES = "takes values"
+
+
+def choices_form(choices: list[str]) -> str:
+    return "takes one of: " + ", ".join(choices)
+
+
+# --- vLLM --------------------------------------------------------------------------------------------------------
+
+
+def _class_annotations(release: Release, module: str, name: str) -> dict[str, str]:
+    for node in tree(release, module).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return {
+                s.target.id: ast.unparse(s.annotation)
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            }
+    raise Missing(f"{name} not in {module}")
+
+
+def _config_class(release: Release, name: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
+    if name not in cache:
+        cache[name] = {}
+        for module in release.modules_under("vllm.config"):
+            with contextlib.suppress(Missing, SyntaxError):
+                cache[name] = _class_annotations(release, module, name)
+                break
+    return cache[name]
+
+
+FRONTEND_CLASSES = ("BaseFrontendArgs", "FrontendArgs")
+
+
+def _defining(release: Release, folder: str, classes: tuple[str, ...]) -> list[str]:
+    """The modules under `folder` (any depth) whose source defines one of `classes`, sorted."""
+    found = []
+    for name in sorted(release.names):
+        if name.startswith(folder) and name.endswith(".py"):
+            module = name[:-3].replace("/", ".").removesuffix(".__init__")
+            text = release.source(module)
+            if any(f"class {c}(" in text or f"class {c}:" in text for c in classes):
+                found.append(module)
+    return found
+
+
+def vllm_serve_flags(release: Release) -> dict[str, str]:
+    """Every `vllm serve` flag → its form (`switch` for a bool field, which also has a `--no-` form)."""
+    flags: dict[str, str] = {}
+    with contextlib.suppress(Missing):
+        engine = tree(release, "vllm.engine.arg_utils")
+        kwargs_class: dict[str, str] = {}
+        for node in ast.walk(engine):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", "") == "get_kwargs"
+                and node.value.args
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value.args[0], ast.Name)
+            ):
+                kwargs_class[node.targets[0].id] = node.value.args[0].id
+        classes: dict[str, dict[str, str]] = {}
+        for node in ast.walk(engine):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
+                continue
+            names = [
+                a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")
+            ]
+            is_bool = False
+            for sub in ast.walk(node):
+                if (
+                    isinstance(sub, ast.Subscript)
+                    and getattr(sub.value, "id", "") in kwargs_class
+                    and isinstance(sub.slice, ast.Constant)
+                ):
+                    annotations = _config_class(release, kwargs_class[sub.value.id], classes)
+                    is_bool = "bool" in annotations.get(sub.slice.value, "")
+            for name in names:
+                flags[name] = SWITCH if is_bool else VALUE
+                if is_bool:
+                    flags["--no-" + name[2:]] = SWITCH
+    # The frontend's own fields (host, port, …): the module moved between releases
+    # (vllm/entrypoints/launchers/cli_args.py in 0.32, vllm/entrypoints/common/cli_args.py in 0.33), so it is found.
+    for module in _defining(release, "vllm/entrypoints/", FRONTEND_CLASSES):
+        for name in FRONTEND_CLASSES:
+            with contextlib.suppress(Missing):
+                for field, annotation in _class_annotations(release, module, name).items():
+                    flags["--" + field.replace("_", "-")] = SWITCH if "bool" in annotation else VALUE
+    return flags
+
+
+# --- speculators: typer commands ----------------------------------------------------------------------------------
+
+
+def typer_commands(release: Release) -> dict[str, str]:
+    """CLI command name → function name, from `app.command(...)(function)` in speculators/cli/__init__.py."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(Missing):
+        for node in ast.walk(tree(release, "speculators.cli")):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Call)
+                and getattr(node.func.func, "attr", "") == "command"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+            ):
+                function = node.args[0].id
+                names = [
+                    k.value.value
+                    for k in node.func.keywords
+                    if k.arg == "name" and isinstance(k.value, ast.Constant)
+                ]
+                found[names[0] if names else function.replace("_", "-")] = function
+    return found
+
+
+def _annotation_parts(node: ast.expr | None) -> tuple[ast.expr | None, ast.Call | None]:
+    """`Annotated[T, typer.Option(...)]` → (T, the Option call)."""
+    if (
+        isinstance(node, ast.Subscript)
+        and getattr(node.value, "id", getattr(node.value, "attr", "")) == "Annotated"
+    ):
+        elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        call = next((e for e in elts[1:] if isinstance(e, ast.Call)), None)
+        return elts[0], call
+    return node, None
+
+
+def typer_options(release: Release, module: str, function: str) -> dict[str, str]:
+    """flag → form of one typer command function's options (bool parameters are switches)."""
+    options: dict[str, str] = {}
+    fns = [n for n in tree(release, module).body if isinstance(n, ast.FunctionDef) and n.name == function]
+    if not fns:
+        raise Missing(f"{function} not in {module}")
+    for arg in fns[0].args.args:
+        kind, call = _annotation_parts(arg.annotation)
+        is_bool = isinstance(kind, ast.Name) and kind.id == "bool"
+        declared = [
+            a.value
+            for a in (call.args if call else [])
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+        ]
+        flags: set[str] = set()
+        for decl in declared:
+            flags.update(decl.split("/"))
+        if not flags:
+            name = "--" + arg.arg.replace("_", "-")
+            flags = {name, "--no-" + name[2:]} if is_bool else {name}
+        for flag in flags:
+            options[flag] = SWITCH if is_bool else VALUE
+    return options
+
+
+# --- speculators: the trainer -------------------------------------------------------------------------------------
+
+TRAIN_SCHEMA = "speculators.train.config.schema"
+
+
+def _train_kind(annotation: ast.expr) -> str:
+    node = annotation
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        none_left = isinstance(node.left, ast.Constant) and node.left.value is None
+        node = node.right if none_left else node.left
+    if isinstance(node, ast.Name) and node.id == "bool":
+        return SWITCH
+    if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "list":
+        return VALUES
+    if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Literal":
+        elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return choices_form([str(e.value) for e in elts if isinstance(e, ast.Constant)])
+    return VALUE
+
+
+def train_flags(spec: Release, hsc: Release | None) -> dict[str, str]:
+    """flag → form of `python -m speculators.train`, from the fields of `TrainConfig` and its groups."""
+    flags: dict[str, str] = {}
+    try:
+        schema = tree(spec, TRAIN_SCHEMA)
+    except Missing:
+        return flags
+    classes = {n.name: n for n in schema.body if isinstance(n, ast.ClassDef)}
+    groups: set[str] = set()
+    for node in schema.body:
+        is_groups = isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_GROUPS"
+        if is_groups and isinstance(node.value, ast.Dict):
+            groups = {v.id for v in node.value.values if isinstance(v, ast.Name)}
+    for name in ["TrainConfig", *sorted(groups)]:
+        if name not in classes:
+            continue
+        for stmt in classes[name].body:
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            if getattr(stmt.annotation, "id", None) in groups or stmt.target.id.startswith("_"):
+                continue  # a group attribute, or private state
+            if not (isinstance(stmt.value, ast.Call) and getattr(stmt.value.func, "id", "") == "Field"):
+                continue
+            kw = {k.arg: k.value for k in stmt.value.keywords}
+            default = kw["default"].value if isinstance(kw.get("default"), ast.Constant) else "<factory>"
+            tagged = getattr(kw.get("json_schema_extra"), "id", "") == "_CLI_BOOL_OPTIONAL"
+            form = _train_kind(stmt.annotation)
+            flag = "--" + stmt.target.id.replace("_", "-")
+            flags[flag] = form
+            if form == SWITCH and (tagged or default is None or default is True):
+                flags["--no-" + flag[2:]] = SWITCH
+    flags["--config"] = VALUE
+    if hsc is not None:
+        with contextlib.suppress(KeyError):
+            transfer = hsc.source("hs_connectors.transfer")
+            if '"--hidden-states-path"' in transfer:
+                flags["--hidden-states-path"] = VALUE
+    return flags
+
+
+# --- SGLang -------------------------------------------------------------------------------------------------------
+
+
+def _arg_meta(annotation: ast.expr) -> tuple[str, dict[str, ast.expr]] | None:
+    """`A[T, "help"]` / `A[T, Arg(...)]` → (T as source, Arg keywords); None when the field has no CLI metadata."""
+    if not (isinstance(annotation, ast.Subscript) and getattr(annotation.value, "id", "") == "A"):
+        return None
+    elts = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
+    kind = ast.unparse(elts[0])
+    for meta in elts[1:]:
+        if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
+            return kind, {}
+        if isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "Arg":
+            return kind, {k.arg: k.value for k in meta.keywords if k.arg}
+    return None
+
+
+def sglang_launch_flags(release: Release) -> dict[str, str]:
+    """Every `python -m sglang.launch_server` flag → its form (`switch` for a `store_true` flag)."""
+    flags: dict[str, str] = {}
+    for module in release.modules_under("sglang.srt.arg_groups.fields"):
+        for node in ast.walk(tree(release, module)):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            meta = _arg_meta(node.annotation)
+            if meta is None:
+                continue
+            kind, kw = meta
+            if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value:
+                continue
+            cli_name = kw.get("cli_name")
+            name = (
+                cli_name.value
+                if isinstance(cli_name, ast.Constant)
+                else "--" + node.target.id.replace("_", "-")
+            )
+            aliases = [a.value for a in getattr(kw.get("aliases"), "elts", []) if isinstance(a, ast.Constant)]
+            switch = kind in ("bool", "Optional[bool]") and "action" not in kw
+            for flag in [name, *aliases]:
+                flags[flag] = SWITCH if switch else VALUE
+    with contextlib.suppress(Missing):
+        for node in ast.walk(tree(release, "sglang.srt.server_args")):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                for a in node.args:
+                    if isinstance(a, ast.Constant) and str(a.value).startswith("--"):
+                        switch = any(k.arg == "action" for k in node.keywords)
+                        flags[a.value] = SWITCH if switch else VALUE
+    return flags
