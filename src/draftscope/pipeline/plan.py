@@ -29,7 +29,6 @@ from draftscope.pipeline.base import (
     model_mounts_and_paths,
     offline_env,
     run_mount,
-    scripts_dir,
     served_context_length,
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
@@ -99,7 +98,6 @@ def context(resolved: Resolved, workdir: Path, runtime: str, selected: Sequence[
         run=str(workdir) if local else RUN_MOUNT,
         model=model,
         tokenizer=tokenizer,
-        scripts=scripts_dir(local),
         chat=str(inputs.get("chat", "<data.chat>")) if local else CHAT_MOUNT,
         prompts=str(inputs["prompts"]) if local else PROMPTS_MOUNT,
     )

@@ -3,6 +3,7 @@ integration bugs visible in the argv, stage selection, and the dry run's promise
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,8 +95,11 @@ def test_every_preset_and_draft_plans_all_eight_stages(preset, draft):
     if model.source == "hub":
         for command in stage_plan(plan, "hsextract").commands:
             if command.name.startswith("server"):
-                assert values_after(command.argv, "--target-layer-ids") == shifted
-                assert "--include-last-layer" in command.argv
+                (speculative,) = values_after(command.argv, "--speculative-config")
+                layers = json.loads(speculative)["draft_model_config"]["hf_config"]
+                assert layers == {
+                    "eagle_aux_hidden_state_layer_ids": [*map(int, shifted), model.architecture.num_layers]
+                }
 
 
 REQUIRED_TRAIN_FLAGS = {
@@ -383,6 +387,9 @@ def test_dry_run_prints_all_stages_creates_nothing_imports_no_torch_and_is_fast(
         assert f"] {stage}: " in out
         assert f"localhost/draftscope-{image}:" in out
     assert "speculators.train" in out and "sglang.launch_server" in out and "--speculator-type dflash " in out
+    assert (
+        "vllm.entrypoints.cli.main serve " in out and '"method": "extract_hidden_states"' in out
+    )  # hsextract
     assert list(cwd.iterdir()) == []  # no workdir, no file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "tripwire"]
     assert elapsed < wall_bound(

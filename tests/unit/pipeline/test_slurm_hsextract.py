@@ -6,6 +6,7 @@ their own scratch folders, its own files; the tiny extractor gets `--world-size 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def stage_plan(plan, name="hsextract"):
 
 def flag(argv, name):
     return argv[list(argv).index(name) + 1]
+
+
+def scratch(server_argv):
+    """Where a server's hidden-states connector writes (its `--kv-transfer-config`)."""
+    transfer = json.loads(flag(server_argv, "--kv-transfer-config"))
+    return transfer["kv_connector_extra_config"][hsextract.STORAGE_PATH_KEY]
 
 
 # --- the split ----------------------------------------------------------------------------------------------------
@@ -92,9 +99,7 @@ def test_a_task_of_a_real_preset_gets_its_ports_scratch_ranks_and_files():
             server, client = found[f"server-{i}"], found[f"client-{i}"]
             assert server.port == local[f"server-{i}"].port + shard * k
             assert server.env == local[f"server-{i}"].env and server.gpus == local[f"server-{i}"].gpus
-            assert flag(server.argv, "--hidden-states-path") == ctx.layout.at(
-                "hsextract", "shards", str(shard), f"scratch-{i}"
-            )
+            assert scratch(server.argv) == ctx.layout.at("hsextract", "shards", str(shard), f"scratch-{i}")
             assert flag(client.argv, "--endpoint") == f"http://127.0.0.1:{server.port}/v1"
             assert (flag(client.argv, "--world-size"), flag(client.argv, "--rank")) == (
                 "4",
@@ -132,7 +137,7 @@ def test_a_local_run_is_unchanged():
     for i in found:
         default = hsextract.client_command(ctx, i, len(found))
         assert default == hsextract.client_command(ctx, i, len(found), rank=i.index)
-        assert flag(hsextract.server_command(ctx, i).argv, "--hidden-states-path") == ctx.layout.at(
+        assert scratch(hsextract.server_command(ctx, i).argv) == ctx.layout.at(
             "hsextract", f"scratch-{i.index}"
         )
     assert sp.step.argv[3] == "hsextract" and "--world-size" not in sp.step.argv

@@ -1,7 +1,10 @@
 """hsextract: the target's hidden states for every prepared row, in speculators' offline layout.
 
-Real presets: per instance, speculators' `scripts/launch_vllm.py` starts vLLM with its `extract_hidden_states`
-method on that instance's GPUs (own `CUDA_VISIBLE_DEVICES`, TP and port; GDN flags for hybrid targets), and one
+Real presets: per instance, the kit starts `vllm serve` (`python -m vllm.entrypoints.cli.main serve`) with vLLM's
+`extract_hidden_states` speculative method and its `ExampleHiddenStatesConnector`, which writes each request's
+hidden states to a scratch folder, on that instance's GPUs (own `CUDA_VISIBLE_DEVICES`, TP and port; GDN flags for
+hybrid targets) — the engine configuration speculators' `scripts/launch_vllm.py` builds, which its wheel does not
+ship (`speculative_config`, `kv_transfer_config` below; docs/pipeline.md). One
 `speculators generate-offline-data` client per instance takes a contiguous shard of the rows
 (`--world-size N --rank i`). The client skips rows whose file exists, so a rerun resumes; `--fail-on-error` makes a
 row that still fails after its retries fail the stage instead of leaving a silent hole for training
@@ -18,6 +21,10 @@ writing into the same `hidden_states/`; a check job then runs `check_argv` (`hse
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
 
 from draftscope.pipeline.base import (
     Artifact,
@@ -39,6 +46,39 @@ NAME = "hsextract"
 EXTRACT_TRANSFORMERS = "hsextract-transformers"
 CHECK = "hsextract-check"
 
+# vLLM's hidden-state extraction, named as its pinned source (0.33.0) names it; each name is checked against that
+# wheel by tests/contract/test_hsextract_vllm_launch.py. A misspelt one is no error at startup for some of them
+# (an unknown extra-config key falls back to the connector's default `/tmp`), hence the contract test.
+VLLM_CLI = "vllm.entrypoints.cli.main"  # `python -m` it: `vllm serve` without relying on the console script
+EXTRACT_METHOD = "extract_hidden_states"  # a SpeculativeMethod (vllm/config/speculative.py)
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # the method reads it from draft_model_config.hf_config
+CONNECTOR = "ExampleHiddenStatesConnector"  # registered in vLLM's KVConnectorFactory
+KV_ROLE = "kv_producer"  # vLLM's KVProducer role: this engine writes, nothing reads back
+STORAGE_PATH_KEY = "shared_storage_path"  # the connector's folder, from kv_connector_extra_config
+
+
+def speculative_config(layer_ids: Sequence[int], num_layers: int) -> dict[str, Any]:
+    """vLLM's `--speculative-config` for extraction: capture the hidden states at `layer_ids` (speculators'
+    indices, `speculators_layer_ids`) and the final layer's, index `num_layers`, appended unless already there —
+    the rule of speculators' launcher (`--include-last-layer`, on by default). One speculative token: the method
+    drafts nothing, it only records."""
+    ids = [*layer_ids] if num_layers in layer_ids else [*layer_ids, num_layers]
+    return {
+        "method": EXTRACT_METHOD,
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {LAYER_IDS_KEY: ids}},
+    }
+
+
+def kv_transfer_config(storage_path: str) -> dict[str, Any]:
+    """vLLM's `--kv-transfer-config` for extraction: the hidden-states connector writes one safetensors file per
+    request under `storage_path`, and speculators' client moves it into the output folder."""
+    return {
+        "kv_connector": CONNECTOR,
+        "kv_role": KV_ROLE,
+        "kv_connector_extra_config": {STORAGE_PATH_KEY: storage_path},
+    }
+
 
 def instances(ctx: StageContext):
     return resolve_instances(ctx, ctx.config.hsextract.instances, ctx.config.hsextract.base_port, "hsextract")
@@ -51,19 +91,19 @@ def uses_vllm(ctx: StageContext) -> bool:
 def server_command(ctx: StageContext, inst, scratch: str | None = None) -> Command:
     """`scratch`: where vLLM's connector writes (default `hsextract/scratch-<i>`; a Slurm array task has its own)."""
     opts = ctx.config.hsextract
+    layers = speculative_config(speculators_layer_ids(ctx.preset), ctx.preset.architecture.num_layers)
+    # vLLM's connector writes here; the client moves each row's file into the output folder.
+    transfer = kv_transfer_config(scratch or ctx.layout.at("hsextract", f"scratch-{inst.index}"))
     argv = [
         "python",
-        f"{ctx.layout.scripts}/launch_vllm.py",
+        "-m",
+        VLLM_CLI,
+        "serve",
         ctx.layout.model,
-        "--hidden-states-backend",
-        "file",
-        # vLLM's connector writes here; the client moves each row's file into the output folder.
-        "--hidden-states-path",
-        scratch or ctx.layout.at("hsextract", f"scratch-{inst.index}"),
-        "--target-layer-ids",
-        *map(str, speculators_layer_ids(ctx.preset)),
-        "--include-last-layer",
-        "--",
+        "--speculative-config",
+        json.dumps(layers),
+        "--kv-transfer-config",
+        json.dumps(transfer),
         "--host",
         "127.0.0.1",
         "--port",
@@ -210,7 +250,7 @@ def notes(ctx: StageContext) -> list[str]:
 STAGE = Stage(
     name=NAME,
     image="train",
-    summary="target hidden states per row (speculators launch_vllm + generate-offline-data; tiny: Transformers)",
+    summary="target hidden states per row (vLLM extract_hidden_states + speculators generate-offline-data; tiny: Transformers)",
     uses_gpu=True,
     output_schema="stage-hsextract",
     outputs=outputs,

@@ -1,7 +1,7 @@
 """The hsextract stage's in-container part for real presets: vLLM servers, speculators clients, a checked summary.
 
-The commands file lists, per instance, a server (speculators' `launch_vllm.py`, which starts vLLM with the hidden-
-state extraction method) and a client (`speculators generate-offline-data --world-size N --rank i`). This starts the
+The commands file lists, per instance, a server (`vllm serve` with the hidden-state extraction method and its
+connector) and a client (`speculators generate-offline-data --world-size N --rank i`). This starts the
 servers, waits for vLLM's `/health`, runs the clients side by side (a server dying fails the stage at once), and
 then checks the output folder itself rather than trusting exit codes: every row of the prepared dataset has its
 `hs_<row>.safetensors`, and a sample of files has the captured layer count and the target's hidden size.
