@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from draftscope import __version__
 from draftscope.core import hub
@@ -47,6 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     check.add_argument("--image", required=True, help="the image this environment is: vllm, train or sglang")
     check.add_argument("--commands", help="parse these planned commands (JSON, argv_check.to_json) instead")
+    aot = sub.add_parser(
+        "head-aot",
+        help="compile the prefix head's Triton kernels for CUDA architectures into a Triton cache, without a GPU, "
+        "and check that the engine's JIT would load them (the vllm image's build step)",
+    )
+    aot.add_argument("--cuda-arch", required=True, help="compute capabilities, e.g. 9.0 or '8.0;9.0'")
+    aot.add_argument(
+        "--cache-dir", help="the cache folder to fill (default: the image's, /opt/draftscope/triton-cache)"
+    )
+    aot.add_argument(
+        "--model", action="append", help="a model preset to compile for (default: every hub preset)"
+    )
+    aot.add_argument(
+        "--geometry", action="append", help="also a head of VOCAB:HIDDEN rows and columns (bf16)"
+    )
+    aot.add_argument("--jobs", type=int, help="architectures compiled at once (default: one per CPU)")
     args = parser.parse_args(argv)
     # A user error exits 2, running out of host or GPU memory 3 (the failure's reason, never a move to the CPU).
     return run_main(command, args)
@@ -68,6 +85,8 @@ def command(args: argparse.Namespace) -> int:
         return argv_check.main(args.image, args.commands)
     elif args.command == "fetch":
         return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
+    elif args.command == "head-aot":
+        return head_aot(args)
     elif args.command == "sbom":
         from draftscope.core import sbom
         from draftscope.core.images import IMAGES
@@ -90,6 +109,49 @@ def command(args: argparse.Namespace) -> int:
                 ) from None
         else:
             sys.stdout.write(text)
+    return 0
+
+
+def head_aot(args: argparse.Namespace) -> int:
+    """`head-aot`: checks its arguments torch-free, then compiles (torch and triton, in the vllm image)."""
+    from draftscope.core.cuda_arch import capabilities, validate_cuda_arch
+    from draftscope.head import triton_cache
+
+    archs = capabilities(args.cuda_arch, "--cuda-arch")
+    extra = []
+    for text in args.geometry or ():
+        vocab, _, hidden = text.partition(":")
+        if not (vocab.isdigit() and hidden.isdigit()):
+            raise UserError("not VOCAB:HIDDEN", field="--geometry", value=text, fix="pass e.g. 151936:4096")
+        extra.append((int(vocab), int(hidden)))
+    # lazy: torch and triton, only for this build step
+    from draftscope.head import triton_aot
+
+    geometries = [
+        *(triton_aot.preset_geometries(args.model) if args.model or not extra else []),
+        *(triton_aot.Geometry(v, d, source=f"{v}:{d}") for v, d in extra),
+    ]
+    data = triton_aot.build(
+        archs,
+        validate_cuda_arch(args.cuda_arch),
+        Path(args.cache_dir or triton_cache.IMAGE_CACHE),
+        geometries,
+        jobs=args.jobs,
+    )
+    summary = {
+        "cache_dir": str(Path(args.cache_dir or triton_cache.IMAGE_CACHE).absolute()),
+        "manifest": triton_cache.MANIFEST,
+        "triton_version": data["triton_version"],
+        "archs": data["archs"],
+        "entries": [
+            {k: e[k] for k in ("kernel", "arch", "target", "key_dir", "shared", "compile_seconds")}
+            for e in data["entries"]
+        ],
+        "compile_seconds": data["compile_seconds"],
+        "replay": data["replay"],
+        "env": data["env"],
+    }
+    print(json.dumps(summary, indent=2))
     return 0
 
 
