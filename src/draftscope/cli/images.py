@@ -178,6 +178,7 @@ def list_(c, engine="docker", json=False):
         found = I.parse_inspect(done.stdout) if done.returncode == 0 else None
         labels = (found or {}).get("labels") or {}
         built_base = labels.get("org.opencontainers.image.base.name")
+        base = built_base or I.base_reference(entry)
         rows.append(
             {
                 "name": name,
@@ -185,8 +186,11 @@ def list_(c, engine="docker", json=False):
                 "present": found is not None,
                 "id": (found or {}).get("id"),
                 "repo_digests": (found or {}).get("repo_digests", []),
-                "base": built_base or I.base_reference(entry),
-                "base_pinned": "@sha256:" in (built_base or I.base_reference(entry)),
+                "base": base,
+                "base_pinned": "@sha256:" in base,
+                "base_local": I.is_local(base),
+                "lock_sha256": labels.get("io.draftscope.lock-sha256") or entry["lock_sha256"],
+                "size_bytes": (found or {}).get("size"),
                 "torch_source": labels.get("io.draftscope.torch-source"),
             }
         )
@@ -197,9 +201,16 @@ def list_(c, engine="docker", json=False):
     for row in rows:
         state = f"{row['id']}" if row["present"] else "not built"
         digests = f" {', '.join(row['repo_digests'])}" if row["repo_digests"] else ""
-        pinned = "" if row["base_pinned"] else " (base NOT pinned by digest)"
+        if row["base_pinned"]:
+            pinned = ""
+        else:
+            pinned = " (built locally, no digest)" if row["base_local"] else " (base NOT pinned by digest)"
         torch = f" torch from {row['torch_source']}" if row["torch_source"] else ""
-        print(f"{row['name']}: {row['reference']} {state}{digests}; base {row['base']}{pinned}{torch}")
+        size = f"; {row['size_bytes'] / 1e9:.2f} GB" if row["size_bytes"] is not None else ""
+        lock_hash = f"; lock sha256:{row['lock_sha256'][:12]}…"
+        print(
+            f"{row['name']}: {row['reference']} {state}{digests}; base {row['base']}{pinned}{lock_hash}{size}{torch}"
+        )
     for line in problems:
         print(f"unpinned: {line}")
 

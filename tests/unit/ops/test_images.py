@@ -642,7 +642,11 @@ def test_split_reference():
 
 def test_parse_inspect():
     out = json.dumps([{"Id": "sha256:1", "RepoDigests": None, "Config": {"Labels": {"a": "b"}}}])
-    assert I.parse_inspect(out) == {"id": "sha256:1", "repo_digests": [], "labels": {"a": "b"}}
+    assert I.parse_inspect(out) == {"id": "sha256:1", "repo_digests": [], "labels": {"a": "b"}, "size": None}
+    sized = json.dumps([{"Id": "sha256:2", "Size": 10_670_000_000}])
+    assert I.parse_inspect(sized)["size"] == 10_670_000_000
+    for bad in ("10", -1, True, None):  # an engine's answer is data: only a byte count is a size
+        assert I.parse_inspect(json.dumps([{"Id": "sha256:3", "Size": bad}]))["size"] is None
     assert I.parse_inspect("[]") is None
 
 

@@ -32,13 +32,20 @@ def inspect_argv(name: str, engine: str, lock: Mapping[str, Any]) -> list[str]:
 
 
 def parse_inspect(stdout: str) -> dict[str, Any] | None:
-    """`Id`, `RepoDigests` and labels from `ENGINE image inspect` output; None when it is not an image."""
+    """`Id`, `RepoDigests`, labels and `Size` (bytes, all layers) from `ENGINE image inspect` output; None when it
+    is not an image."""
     try:
         data = json.loads(stdout)[0]
     except (ValueError, LookupError, TypeError):
         return None
     labels = (data.get("Config") or {}).get("Labels") or data.get("Labels") or {}
-    return {"id": data.get("Id"), "repo_digests": data.get("RepoDigests") or [], "labels": labels}
+    size = data.get("Size")
+    return {
+        "id": data.get("Id"),
+        "repo_digests": data.get("RepoDigests") or [],
+        "labels": labels,
+        "size": size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None,
+    }
 
 
 # --- lock resolution (a machine that reaches the registries) ------------------------------------------------
