@@ -129,6 +129,7 @@ KINDS: dict[str, str] = {
             "sort",
             "format",
             "claim",
+            "release",
         ),
         CHOICE,
     ),
@@ -303,6 +304,7 @@ BASELINES: dict[str, dict[str, str | None]] = {
     "claims.list": {"verdicts": "{sb}/out/verdicts"},
     "claims.reproduce": {"claim": "held-out-task-quality", "verdicts": "{sb}/out/verdicts"},
     "kick-the-tires": {"verdicts": "{sb}/out/verdicts"},
+    "contracts.diff": {"release": "vllm==1.0"},
     "compare": {"base": "{run}", "candidate": "{run2}", "output": "{sb}/out/cmp.json", "resamples": "200"},
     "demo": {"dry-run": None},
     "doctor": {},
@@ -337,6 +339,7 @@ GATES = (
     "draftscope.tiny.load_tokenizer",  # bench-overhead: the tiny models load first
     "draftscope.tiny.build",  # tiny.build: training
     "draftscope.head.bench._torch",  # head-bench: the timed kernels
+    "draftscope.ops.contracts.wheels.release_wheel",  # contracts.diff: a wheel from the cache or the index
     "draftscope.ops.kick.kick",  # kick-the-tires: builds nothing, pushes and runs every claim
     "draftscope.head.study.study",  # head-study: the replay
 )

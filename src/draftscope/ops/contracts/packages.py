@@ -17,7 +17,8 @@ from draftscope.core.errors import UserError
 from draftscope.core.images import lock_entry
 from draftscope.ops.contracts import surface as S
 from draftscope.ops.contracts.forms import Sources
-from draftscope.ops.contracts.wheels import Release, release_wheel
+from draftscope.ops.contracts import wheels
+from draftscope.ops.contracts.wheels import Release
 from draftscope.ops.images.lockfile import LOCK_TARGETS
 
 HS_CONNECTORS = "hs-connectors"  # speculators' hidden-state backends (the trainer's --hidden-states-path)
@@ -57,12 +58,12 @@ class Package:
 
     def sources(self, version: str) -> Sources:
         """The release `version` of this package (downloaded into the cache if it is not there)."""
-        release = Release(release_wheel(self.name, version, platform=self.platform))
+        release = Release(wheels.release_wheel(self.name, version, platform=self.platform))
         extras: dict[str, Release | None] = {}
         if self.name == "speculators":
             pinned = requires(release, HS_CONNECTORS)
             extras[HS_CONNECTORS] = (
-                Release(release_wheel(HS_CONNECTORS, pinned, platform=self.platform)) if pinned else None
+                Release(wheels.release_wheel(HS_CONNECTORS, pinned, platform=self.platform)) if pinned else None
             )
         return Sources(release, extras)
 
