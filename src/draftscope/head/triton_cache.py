@@ -225,7 +225,7 @@ def cache_problems(folder: Path, data: dict[str, Any]) -> list[str]:
 
 def default_cache_dir(environ: MutableMapping[str, str]) -> str:
     """Triton's own default when TRITON_CACHE_DIR is unset (`knobs.cache.dir`): $TRITON_HOME or ~, /.triton/cache."""
-    home = environ.get("TRITON_HOME") or os.path.expanduser("~")
+    home = environ.get("TRITON_HOME") or environ.get("HOME") or os.path.expanduser("~")
     return os.path.join(home, ".triton", "cache")
 
 

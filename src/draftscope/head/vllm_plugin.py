@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftscope.head import select, serving, vllm_v1
+from draftscope.head import select, serving, triton_cache, vllm_v1
 from draftscope.head import vllm_switch as switch
 from draftscope.head.certify import NO_DRAFT, certify
 from draftscope.head.policy import prefix_decision, rowwise_decision
@@ -150,6 +150,8 @@ def register() -> None:
         return
     plugin = _Plugin(settings)
     _PLUGIN = plugin
+    # Before any Triton compile of this process: the image's ahead-of-time kernels become cache hits (triton_cache).
+    plugin.facts["triton_aot"] = triton_cache.use_image_cache(os.environ)
     registry = _symbol("op_registry_oot")
     if OOT_NAME in registry:
         plugin.stay_stock(f"another plugin already replaced {OOT_NAME} ({registry[OOT_NAME].__name__})")
