@@ -16,8 +16,8 @@ from draftscope.bench.backends.vllm import backend as V
 from draftscope.core.errors import UserError
 from draftscope.core.images import lock_entry
 from draftscope.ops.contracts import surface as S
-from draftscope.ops.contracts.forms import Sources
 from draftscope.ops.contracts import wheels
+from draftscope.ops.contracts.forms import Sources
 from draftscope.ops.contracts.wheels import Release
 from draftscope.ops.images.lockfile import LOCK_TARGETS
 
@@ -63,7 +63,9 @@ class Package:
         if self.name == "speculators":
             pinned = requires(release, HS_CONNECTORS)
             extras[HS_CONNECTORS] = (
-                Release(wheels.release_wheel(HS_CONNECTORS, pinned, platform=self.platform)) if pinned else None
+                Release(wheels.release_wheel(HS_CONNECTORS, pinned, platform=self.platform))
+                if pinned
+                else None
             )
         return Sources(release, extras)
 
