@@ -212,23 +212,27 @@ def parse_speculators_cli(args: list[str]) -> None:
     """speculators' typer app, resolved to the subcommand's click command and parsed (`make_context`) without
     invoking it. A parameter whose path does not exist is not an error here: the run directory is not there at
     build time; every other refusal (an unknown option, a bad choice, a missing value) is."""
-    import click  # lazy: typer's base, in the train image
-    import typer.main
+    import typer.main  # lazy: speculators' CLI framework, in the train image
     from speculators.cli import app
+
+    try:  # typer 0.2x carries its own copy of click: its exceptions are not click's
+        from typer._click import exceptions as errors
+    except ImportError:  # pragma: no cover - a typer on the public click
+        from click import exceptions as errors
 
     group = typer.main.get_command(app)
     if not args:
         raise ParseFailed("no subcommand")
-    command = group.get_command(click.Context(group), args[0])
+    command = group.get_command(group.context_class(group), args[0])
     if command is None:
         raise ParseFailed(f"no speculators subcommand '{args[0]}'")
     try:
         with _captured():
-            command.make_context(args[0], list(args[1:]), resilient_parsing=False)
-    except click.BadParameter as exc:
+            command.make_context(args[0], list(args[1:]))
+    except errors.BadParameter as exc:
         if "does not exist" not in str(exc.message):
             raise ParseFailed(exc.format_message()) from None
-    except click.ClickException as exc:
+    except errors.ClickException as exc:
         raise ParseFailed(exc.format_message()) from None
 
 
@@ -336,7 +340,7 @@ def main(image: str, commands: str | None = None) -> int:
     failed = [o for o in outcomes if o.error]
     for kind, count in sorted(kinds.items()):
         print(f"{image}: {count} {kind} command(s) parsed by the engine's own parser")
-    for o in failed:
-        print(f"REFUSED {o.where} ({o.kind}): {o.error}")
+    for o in failed:  # tab-separated: a label or a parser's message may hold any other character
+        print(f"REFUSED\t{o.where}\t{o.kind}\t{o.error}")
     print(f"{image}: {len(outcomes) - len(failed)} of {len(outcomes)} planned commands parse")
     return 1 if failed else 0
