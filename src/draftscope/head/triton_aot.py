@@ -183,7 +183,7 @@ class _Launcher:
                 "specialization": {
                     "signature": {k: str(v) for k, v in src.signature.items() if v != "constexpr"},
                     "constexprs": {names[k[0]]: _plain(v) for k, v in sorted(src.constants.items())},
-                    "attrs": {names[k[0]]: _plain(v) for k, v in sorted(src.attrs.items())},
+                    "attrs": {names[k[0]]: _plain(v) for k, v in sorted(src.attrs.items()) if v},
                 },
                 "cache_key": metadata.hash,
                 "key_dir": triton_cache.key_dir(metadata.hash),
