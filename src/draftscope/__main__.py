@@ -144,11 +144,10 @@ def head_aot(args: argparse.Namespace) -> int:
         "triton_version": data["triton_version"],
         "archs": data["archs"],
         "entries": [
-            {k: e[k] for k in ("kernel", "arch", "target", "key_dir", "shared", "compile_seconds")}
-            for e in data["entries"]
+            {k: e[k] for k in ("kernel", "arch", "target", "key_dir", "shared")} for e in data["entries"]
         ],
-        "compile_seconds": data["compile_seconds"],
         "replay": data["replay"],
+        "seconds": data["seconds"],
         "env": data["env"],
     }
     print(json.dumps(summary, indent=2))

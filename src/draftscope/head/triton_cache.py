@@ -56,7 +56,6 @@ ENTRY_KEYS = (
     "shared",
     "num_warps",
     "num_stages",
-    "compile_seconds",
 )
 _PTX_TARGET = re.compile(r"^\s*\.target\s+(sm_\d+[a-z]?)", re.M)
 
@@ -101,9 +100,14 @@ def manifest(
     env: dict[str, str],
     replay: dict[str, Any],
 ) -> dict[str, Any]:
-    """The manifest of a cache: entries sorted by (arch, kernel, key); `env` the cache-invalidating variables set
-    at the build (part of every key: the engine must run with the same), `replay` the cache-hit check's result."""
-    rows = sorted(entries, key=lambda e: (e["arch"], e["kernel"], e["cache_key"]))
+    """The manifest of a cache: entries (their `ENTRY_KEYS`) sorted by (arch, kernel, key); `env` the
+    cache-invalidating variables set at the build (part of every key: the engine must run with the same), `replay`
+    the cache-hit check's counts."""
+    # No times in the file: the same build gives the same bytes (the image's layer stays reproducible).
+    rows = sorted(
+        ({k: e[k] for k in ENTRY_KEYS} for e in entries),
+        key=lambda e: (e["arch"], e["kernel"], e["cache_key"]),
+    )
     return {
         "kind": KIND,
         "schema_version": SCHEMA_VERSION,

@@ -454,7 +454,9 @@ def compile_kernels(
 
     Returns, per instance, the PTX text, the cubin bytes and the PTX's `.target`. Triton itself picks the
     arch-specific `sm_90a` for 90 (it rejects a string arch such as "90a"). FMA contraction stays on (Triton 3.9's
-    default, stated here so the 3.10 change of default does not change the kernels): every bound above allows it."""
+    default, stated here so the 3.10 change of default does not change the kernels): every bound above allows it.
+    These instances carry no divisibility attributes, so the JIT never finds them in a cache: the engine's cache is
+    built by `triton_aot` (`python -m draftscope head-aot`), through the JIT's own specialization."""
     triton, _ = _triton()
     # lazy: triton, only when the kernels are compiled
     from triton.backends.compiler import GPUTarget

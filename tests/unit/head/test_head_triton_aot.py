@@ -83,7 +83,10 @@ def test_every_kernel_the_plugin_launches_is_compiled_for_each_arch(built):
         assert sum(e["kernel"] == "topk_merge_kernel" for e in entries) == 2
         assert data["replay"][str(arch)]["hits"] == len(entries)
     assert triton_cache.cache_problems(cache, data) == []
-    assert triton_cache.read_manifest(cache) == {k: v for k, v in data.items() if k != "compile_seconds"}
+    assert triton_cache.read_manifest(cache) == {k: v for k, v in data.items() if k != "seconds"}
+    assert set(data["seconds"]["compile"]) == {"80", "90"} and len(data["seconds"]["entries"]) == len(
+        data["entries"]
+    )
 
 
 def test_the_cubins_are_elf_for_their_sm(built):

@@ -126,7 +126,6 @@ def _entry(arch: int = 90, kernel: str = "refine_kernel", cache_key: str = HASH)
         "shared": 512,
         "num_warps": 4,
         "num_stages": 3,
-        "compile_seconds": 0.1,
     }
 
 
