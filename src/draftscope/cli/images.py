@@ -78,7 +78,6 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     _show(argv)
     if dry_run:
         return
-    _warn([line for line in I.unpinned(lock) if line.startswith(f"{name}:") and not base_image])
     base = base_image or I.base_reference(lock["images"][name])
     if I.is_local(base) and I.execute([engine, "image", "inspect", base], capture=True).returncode != 0:
         raise UserError(
@@ -87,6 +86,7 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
             value=base,
             fix=I.local_base_fix(base, lock),
         )
+    _warn([line for line in I.unpinned(lock) if line.startswith(f"{name}:") and not base_image])
     if name in I.TORCH_WHEEL_IMAGES:
         # Their Dockerfiles bind-mount .wheels/ (the torch wheel): the folder must exist, even empty.
         (root / I.WHEELS_DIR).mkdir(exist_ok=True)

@@ -709,10 +709,30 @@ def test_dry_run_prints_exactly_the_argv_that_runs(monkeypatch, capsys):
 
     monkeypatch.setattr(I, "execute", fake_execute)
     _invoke("images.build", "vllm", "--cuda-arch", "9.0")
-    assert ran == [shlex.split(printed[0])]
-    argv = ran[0]
+    # The local base is looked up in the engine first (a missing one is a one-line error), then the printed build.
+    assert ran == [["docker", "image", "inspect", "localhost/debian-py:ci"], shlex.split(printed[0])]
+    argv = ran[1]
     assert "--build-arg" in argv and "CUDA_ARCH=9.0" in argv and "BASE_IMAGE=localhost/debian-py:ci" in argv
     assert "org.opencontainers.image.created=2023-11-14T22:13:20Z" in argv
+
+
+@pytest.mark.parametrize(
+    ("name", "fix"), [("train", "make image-vllm CUDA_ARCH="), ("vllm", "make base-image")]
+)
+def test_a_missing_local_base_is_one_line_naming_what_builds_it(monkeypatch, capsys, name, fix):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    ran = []
+
+    def fake_execute(argv, **kw):
+        ran.append(list(argv))
+        return subprocess.CompletedProcess(argv, 1 if argv[1:3] == ["image", "inspect"] else 0)
+
+    monkeypatch.setattr(I, "execute", fake_execute)
+    with pytest.raises(SystemExit) as info:
+        _invoke("images.build", name, *(("--cuda-arch", "9.0") if name == "vllm" else ()))
+    assert info.value.code == 2 and all(argv[1] != "build" for argv in ran)  # nothing built
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "BASE_IMAGE" in err[0] and fix in err[0]
 
 
 def test_build_task_without_gpu_or_arch_fails_in_one_line(monkeypatch, capsys):
