@@ -13,7 +13,7 @@ import pytest
 from draftscope.core.presets import load_model_preset, model_preset_names
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
-from draftscope.pipeline.base import captured_layer_ids, speculators_layer_ids
+from draftscope.pipeline.base import Command, captured_layer_ids, speculators_layer_ids
 from draftscope.pipeline.config import load_pipeline_config
 from draftscope.pipeline.stages import hsextract
 from draftscope.runtime import get_runtime
@@ -72,10 +72,15 @@ def test_kv_transfer_config_points_the_connector_at_the_scratch_folder():
 
 def test_the_values_are_built_from_the_named_constants(monkeypatch):
     # the contract test checks the constants; the builders must use them, not their own spellings
+    from draftscope.pipeline.stages.hsextract import vllm_args
+
     for name in ("EXTRACT_METHOD", "LAYER_IDS_KEY", "CONNECTOR", "KV_ROLE", "STORAGE_PATH_KEY"):
-        monkeypatch.setattr(hsextract, name, f"<{name}>")
-    spec = hsextract.speculative_config([1], 2)
-    transfer = hsextract.kv_transfer_config("/s")
+        assert getattr(hsextract, name) == getattr(
+            vllm_args, name
+        )  # the stage re-exports what it builds with
+        monkeypatch.setattr(vllm_args, name, f"<{name}>")
+    spec = vllm_args.speculative_config([1], 2)
+    transfer = vllm_args.kv_transfer_config("/s")
     assert spec["method"] == "<EXTRACT_METHOD>"
     assert spec["draft_model_config"]["hf_config"] == {"<LAYER_IDS_KEY>": [1, 2]}
     assert transfer == {
@@ -149,3 +154,75 @@ def test_the_dry_run_shows_the_server_command():
     assert '--speculative-config \'{"method": "extract_hidden_states"' in server
     assert '"shared_storage_path": "/draftscope/run/hsextract/scratch-0"' in server
     assert "launch_vllm" not in text
+
+
+# --- the final layer: the preset's layer count against the served model's own config (runner, before any server) -
+
+
+def _server(model: Path, layers: list[int]) -> Command:
+    spec = json.dumps(
+        {
+            "method": "extract_hidden_states",
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
+        }
+    )
+    argv = (
+        "python",
+        "-m",
+        hsextract.VLLM_CLI,
+        "serve",
+        str(model),
+        "--speculative-config",
+        spec,
+        "--port",
+        "8200",
+    )
+    return Command("server-0", argv, port=8200)
+
+
+@pytest.mark.parametrize(
+    ("config", "agrees"),
+    [
+        ({"num_hidden_layers": 36}, True),
+        ({"num_hidden_layers": 35}, False),
+        (
+            {"text_config": {"num_hidden_layers": 36}, "num_hidden_layers": 4},
+            True,
+        ),  # multimodal: the text model's
+        ({}, False),
+    ],
+)
+def test_the_final_captured_layer_is_the_models_layer_count(tmp_path, config, agrees):
+    from draftscope.core.errors import UserError
+    from draftscope.pipeline.stages.hsextract import runner
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    commands = [_server(tmp_path, [3, 19, 34, 36])]
+    if agrees:
+        runner.check_final_layer(commands)
+        return
+    with pytest.raises(UserError) as info:
+        runner.check_final_layer(commands)
+    assert info.value.field == "architecture.num_layers" and info.value.value == 36
+    assert "num_hidden_layers" in info.value.render() and str(tmp_path) in info.value.render()
+
+
+def test_a_server_that_extracts_nothing_is_not_checked(tmp_path):
+    from draftscope.pipeline.stages.hsextract import runner
+
+    runner.check_final_layer([Command("server-0", ("python", "-c", "pass"), port=1)])  # no model config read
+
+
+def test_every_planned_extraction_server_names_its_final_layer():
+    """Each hub preset's planned server captures its preset's layer count last: what the runner checks."""
+    from draftscope.core.presets import load_model_preset, model_preset_names
+    from draftscope.ops import argv_check
+    from draftscope.pipeline.stages.hsextract.vllm_args import captured_layers
+
+    for planned in argv_check.planned("train"):
+        layers = captured_layers(planned.argv) if planned.argv else None
+        if layers is None:
+            continue
+        preset = planned.where.split()[1]
+        assert preset in model_preset_names()
+        assert layers[-1] == load_model_preset(preset).architecture.num_layers, planned.where

@@ -23,8 +23,6 @@ writing into the same `hidden_states/`; a check job then runs `check_argv` (`hse
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
 
 from draftscope.pipeline.base import (
     Artifact,
@@ -41,43 +39,18 @@ from draftscope.pipeline.base import (
 )
 from draftscope.pipeline.stages.hsextract import runner, transformers_extractor
 
+# vLLM's names, re-exported: the stage's contract test checks them through the stage against the pinned wheel.
+from draftscope.pipeline.stages.hsextract.vllm_args import CONNECTOR as CONNECTOR
+from draftscope.pipeline.stages.hsextract.vllm_args import EXTRACT_METHOD as EXTRACT_METHOD
+from draftscope.pipeline.stages.hsextract.vllm_args import KV_ROLE as KV_ROLE
+from draftscope.pipeline.stages.hsextract.vllm_args import LAYER_IDS_KEY as LAYER_IDS_KEY
+from draftscope.pipeline.stages.hsextract.vllm_args import STORAGE_PATH_KEY as STORAGE_PATH_KEY
+from draftscope.pipeline.stages.hsextract.vllm_args import VLLM_CLI, kv_transfer_config, speculative_config
+
 NAME = "hsextract"
 # The stage's other in-container commands (entries): the CPU extractor, and the check after a Slurm job array.
 EXTRACT_TRANSFORMERS = "hsextract-transformers"
 CHECK = "hsextract-check"
-
-# vLLM's hidden-state extraction, named as its pinned source (0.33.0) names it; each name is checked against that
-# wheel by tests/contract/test_hsextract_vllm_launch.py. A misspelt one is no error at startup for some of them
-# (an unknown extra-config key falls back to the connector's default `/tmp`), hence the contract test.
-VLLM_CLI = "vllm.entrypoints.cli.main"  # `python -m` it: `vllm serve` without relying on the console script
-EXTRACT_METHOD = "extract_hidden_states"  # a SpeculativeMethod (vllm/config/speculative.py)
-LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"  # the method reads it from draft_model_config.hf_config
-CONNECTOR = "ExampleHiddenStatesConnector"  # registered in vLLM's KVConnectorFactory
-KV_ROLE = "kv_producer"  # vLLM's KVProducer role: this engine writes, nothing reads back
-STORAGE_PATH_KEY = "shared_storage_path"  # the connector's folder, from kv_connector_extra_config
-
-
-def speculative_config(layer_ids: Sequence[int], num_layers: int) -> dict[str, Any]:
-    """vLLM's `--speculative-config` for extraction: capture the hidden states at `layer_ids` (speculators'
-    indices, `speculators_layer_ids`) and the final layer's, index `num_layers`, appended unless already there —
-    the rule of speculators' launcher (`--include-last-layer`, on by default). One speculative token: the method
-    drafts nothing, it only records."""
-    ids = [*layer_ids] if num_layers in layer_ids else [*layer_ids, num_layers]
-    return {
-        "method": EXTRACT_METHOD,
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {LAYER_IDS_KEY: ids}},
-    }
-
-
-def kv_transfer_config(storage_path: str) -> dict[str, Any]:
-    """vLLM's `--kv-transfer-config` for extraction: the hidden-states connector writes one safetensors file per
-    request under `storage_path`, and speculators' client moves it into the output folder."""
-    return {
-        "kv_connector": CONNECTOR,
-        "kv_role": KV_ROLE,
-        "kv_connector_extra_config": {STORAGE_PATH_KEY: storage_path},
-    }
 
 
 def instances(ctx: StageContext):

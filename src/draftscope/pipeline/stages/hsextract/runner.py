@@ -20,8 +20,10 @@ from typing import Any
 
 from draftscope.core.errors import MissingDependency, UserError
 from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.reading import read_json
 from draftscope.core.schema import check
-from draftscope.pipeline.servers import clients_of, load_commands, run_clients, serving
+from draftscope.pipeline.servers import clients_of, load_commands, run_clients, servers_of, serving
+from draftscope.pipeline.stages.hsextract.vllm_args import captured_layers, final_layer_problem
 
 SAMPLED_FILES = 8
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -115,8 +117,27 @@ def check_files(
     return files, size, dtype
 
 
+def check_final_layer(commands: Sequence[Any]) -> None:
+    """Before any server starts: each extraction server's last captured index is its model's layer count."""
+    for server in servers_of(commands):
+        layers = captured_layers(server.argv)
+        if layers is None:
+            continue
+        argv = list(server.argv)
+        model = argv[argv.index("serve") + 1]
+        problem = final_layer_problem(layers, read_json(Path(model) / "config.json", expect=dict), model)
+        if problem:
+            raise UserError(
+                problem,
+                field="architecture.num_layers",
+                value=layers[-1],
+                fix="set the model preset's architecture.num_layers to the model's num_hidden_layers",
+            )
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     commands = load_commands(args.commands)
+    check_final_layer(commands)
     logs = Path(args.logs) if args.logs else Path(args.commands).parent.parent / "logs"
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
