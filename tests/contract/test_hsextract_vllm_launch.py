@@ -19,10 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from releases import Release, ReleaseUnavailable, release_wheel
+from releases import Release, pinned_release
 
 from draftscope.bench.backends.vllm.backend import PINNED_VERSION as VLLM_VERSION
 from draftscope.core.presets import load_model_preset, model_preset_names
+from draftscope.ops.contracts import clis
+from draftscope.ops.contracts import reading as R
+from draftscope.ops.contracts.surface import split_options
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
@@ -40,10 +43,7 @@ SERVE_PREFIX = 5
 
 @pytest.fixture(scope="module")
 def vllm() -> Release:
-    try:
-        return Release(release_wheel("vllm", VLLM_VERSION, platform=VLLM_PLATFORM))
-    except ReleaseUnavailable as exc:
-        pytest.fail(str(exc))
+    return pinned_release("vllm", VLLM_VERSION, platform=VLLM_PLATFORM)
 
 
 def commands(stage: str, prefix: str) -> Iterator[tuple[str, str, list[str]]]:
@@ -58,16 +58,6 @@ def commands(stage: str, prefix: str) -> Iterator[tuple[str, str, list[str]]]:
             for command in plan.stages[0].commands:
                 if command.name.startswith(prefix):
                     yield preset, draft, list(command.argv)
-
-
-def split_options(argv: list[str]) -> list[tuple[str, list[str]]]:
-    out: list[tuple[str, list[str]]] = []
-    for item in argv:
-        if item.startswith("--"):
-            out.append((item, []))
-        elif out:
-            out[-1][1].append(item)
-    return out
 
 
 def literal_values(tree: ast.Module, alias: str) -> set[str]:
@@ -171,7 +161,7 @@ def test_the_server_is_the_serve_subcommand_of_vllms_cli_module(vllm):
 def test_extract_hidden_states_is_a_speculative_method_configured_as_the_kit_does(vllm):
     tree = vllm.tree("vllm.config.speculative")
     assert H.EXTRACT_METHOD in literal_values(tree, "SpeculativeMethod")
-    fields = _class_fields(vllm, "vllm.config.speculative", "SpeculativeConfig")
+    fields = clis.class_annotations(vllm, "vllm.config.speculative", "SpeculativeConfig")
     spec = H.speculative_config([2, 5], 9)
     assert set(spec) <= set(fields), f"not SpeculativeConfig fields: {set(spec) - set(fields)}"
     assert fields["method"].startswith("SpeculativeMethod")
@@ -237,7 +227,7 @@ def test_the_connector_is_registered_and_reads_the_storage_path(vllm):
     config = vllm.tree("vllm.config.kv_transfer")
     assert transfer["kv_role"] == H.KV_ROLE
     assert H.KV_ROLE in literal_values(config, "KVProducer")
-    fields = _class_fields(vllm, "vllm.config.kv_transfer", "KVTransferConfig")
+    fields = clis.class_annotations(vllm, "vllm.config.kv_transfer", "KVTransferConfig")
     assert set(transfer) <= set(fields), f"not KVTransferConfig fields: {set(transfer) - set(fields)}"
     assert fields["kv_role"].startswith("KVRole")
 
@@ -259,59 +249,14 @@ def test_the_server_passes_the_configs_the_kit_builds():
 # --- vLLM 0.33.0 ----------------------------------------------------------------------------------------------------
 
 
-def _class_fields(vllm: Release, module: str, cls: str) -> dict[str, str]:
-    for node in vllm.tree(module).body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            return {
-                s.target.id: ast.unparse(s.annotation)
-                for s in node.body
-                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-            }
-    raise KeyError(f"{cls} not in {module}")
-
-
-def _config_class(vllm: Release, name: str) -> dict[str, str]:
-    for module in sorted(
-        n[:-3].replace("/", ".") for n in vllm._names if n.startswith("vllm/config/") and n.endswith(".py")
-    ):
-        try:
-            return _class_fields(vllm, module, name)
-        except KeyError:
-            continue
-    raise KeyError(name)
-
-
 def vllm_flags(vllm: Release) -> dict[str, bool]:
-    """Every `vllm serve` flag → whether it is a bool (so `--no-` works): the engine's explicit add_argument
-    calls, typed by the config field their `**X_kwargs["field"]` comes from, and the frontend's fields."""
-    tree = vllm.tree("vllm.engine.arg_utils")
-    kwargs_class: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Call)
-            and getattr(node.value.func, "id", "") == "get_kwargs"
-            and node.value.args
-        ):
-            kwargs_class[node.targets[0].id] = node.value.args[0].id
-    flags: dict[str, bool] = {}
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
-            continue
-        names = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
-        is_bool = False
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Subscript) and getattr(sub.value, "id", "") in kwargs_class:
-                fields = _config_class(vllm, kwargs_class[sub.value.id])
-                is_bool = "bool" in fields.get(sub.slice.value, "")
-        for name in names:
-            flags[name] = is_bool
-            if is_bool:
-                flags["--no-" + name[2:]] = True
-    for cls in ("BaseFrontendArgs", "FrontendArgs"):
-        for name, annotation in _class_fields(vllm, "vllm.entrypoints.common.cli_args", cls).items():
-            flags["--" + name.replace("_", "-")] = "bool" in annotation
-    return flags
+    """Every `vllm serve` flag → whether it is a bool (so `--no-` works): `clis.vllm_serve_flags`, the engine's
+    explicit add_argument calls typed by the config field their `**X_kwargs["field"]` comes from, and the
+    frontend's fields (both frontend classes defined in vllm.entrypoints.common.cli_args in this release)."""
+    for name in clis.FRONTEND_CLASSES:
+        where, _ = R.cls(vllm, "vllm.entrypoints.common.cli_args", name)
+        assert where == "vllm.entrypoints.common.cli_args", f"{name} is defined in {where}"
+    return {flag: form == clis.SWITCH for flag, form in clis.vllm_serve_flags(vllm).items()}
 
 
 def vllm_args_of(stage: str) -> Iterator[tuple[str, str, list[str]]]:

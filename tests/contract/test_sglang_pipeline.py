@@ -21,6 +21,8 @@ import pytest
 from releases import SGLANG_PLATFORM, SGLANG_VERSION, Release, pinned_release
 
 from draftscope.core.presets import model_preset_names
+from draftscope.ops.contracts import clis
+from draftscope.ops.contracts.reading import string_constants
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
@@ -44,51 +46,12 @@ def test_the_wheel_is_the_pinned_release(sglang):
 # --- launch_server flags -------------------------------------------------------------------------------------------
 
 
-def _arg_meta(annotation: ast.expr) -> tuple[str, dict[str, ast.expr]] | None:
-    """`A[T, "help"]` / `A[T, Arg(...)]` → (T as source, Arg keywords); None when the field has no CLI metadata."""
-    if not (isinstance(annotation, ast.Subscript) and getattr(annotation.value, "id", "") == "A"):
-        return None
-    elts = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
-    kind = ast.unparse(elts[0])
-    for meta in elts[1:]:
-        if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
-            return kind, {}
-        if isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "Arg":
-            return kind, {k.arg: k.value for k in meta.keywords}
-    return None
-
-
 def launch_flags(sglang: Release) -> dict[str, bool]:
-    """flag → is a switch (`store_true`), for every CLI flag of `launch_server`."""
+    """flag → is a switch (`store_true`), for every CLI flag of `launch_server` (`clis.sglang_launch_flags`), after
+    checking the naming and `store_true` rules of SGLang's own generator it mirrors."""
     source = sglang.source("sglang.srt.arg_groups.arg_utils")
     assert 'return "--" + name.replace("_", "-")' in source and 'action="store_true"' in source
-    flags: dict[str, bool] = {}
-    modules = sorted(
-        n[:-3].replace("/", ".")
-        for n in sglang._names
-        if n.startswith("sglang/srt/arg_groups/fields/") and n.endswith(".py")
-    )
-    for module in modules:
-        for node in ast.walk(sglang.tree(module)):
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-                continue
-            meta = _arg_meta(node.annotation)
-            if meta is None:
-                continue
-            kind, kw = meta
-            if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value:
-                continue
-            name = kw["cli_name"].value if "cli_name" in kw else "--" + node.target.id.replace("_", "-")
-            aliases = [a.value for a in kw["aliases"].elts] if "aliases" in kw else []
-            switch = kind in ("bool", "Optional[bool]") and "action" not in kw
-            for flag in [name, *aliases]:
-                flags[flag] = switch
-    for node in ast.walk(sglang.tree("sglang.srt.server_args")):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            for a in node.args:
-                if isinstance(a, ast.Constant) and str(a.value).startswith("--"):
-                    flags[a.value] = any(k.arg == "action" for k in node.keywords)
-    return flags
+    return {flag: form == clis.SWITCH for flag, form in clis.sglang_launch_flags(sglang).items()}
 
 
 def server_commands() -> Iterator[tuple[str, str, str, list[str]]]:
@@ -149,14 +112,6 @@ def entry_classes(sglang: Release, module: str) -> set[str]:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "EntryClass" for t in node.targets):
             return {e.id for e in node.value.elts} if isinstance(node.value, ast.List) else set()
     return set()
-
-
-def string_constants(sglang: Release, module: str) -> set[str]:
-    return {
-        n.value
-        for n in ast.walk(sglang.tree(module))
-        if isinstance(n, ast.Constant) and isinstance(n.value, str)
-    }
 
 
 def test_the_draft_architectures_are_registered_model_classes(sglang):

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from releases import Release, ReleaseUnavailable, release_wheel
+from releases import Release, pinned_release
 
 from draftscope.core.presets import model_preset_names
+from draftscope.ops.contracts import clis
+from draftscope.ops.contracts.surface import split_options
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
@@ -34,18 +35,12 @@ VERSION = "0.9.0"  # images/train/requirements.in pins speculators==0.9.0 and hs
 
 @pytest.fixture(scope="module")
 def spec() -> Release:
-    try:
-        return Release(release_wheel("speculators", VERSION))
-    except ReleaseUnavailable as exc:
-        pytest.fail(str(exc))
+    return pinned_release("speculators", VERSION)
 
 
 @pytest.fixture(scope="module")
 def hsc() -> Release:
-    try:
-        return Release(release_wheel("hs-connectors", VERSION))
-    except ReleaseUnavailable as exc:
-        pytest.fail(str(exc))
+    return pinned_release("hs-connectors", VERSION)
 
 
 def test_the_wheels_are_the_pinned_releases(spec, hsc):
@@ -88,74 +83,7 @@ def planned(stage: str) -> Iterator[tuple[str, str, list[str]]]:
         yield "tiny", draft, argv[argv.index("--") + 1 :] if "exec" in argv[:5] else argv
 
 
-def split_options(argv: list[str]) -> list[tuple[str, list[str]]]:
-    """[(--flag, values…)] in order."""
-    out: list[tuple[str, list[str]]] = []
-    for item in argv:
-        if item.startswith("--"):
-            out.append((item, []))
-        elif out:
-            out[-1][1].append(item)
-    return out
-
-
 # --- typer commands (prepare-data, generate-offline-data) --------------------------------------------------------
-
-
-@dataclass
-class Option:
-    flags: set[str]
-    is_bool: bool
-
-
-def _annotation_parts(node: ast.expr) -> tuple[ast.expr, ast.Call | None]:
-    """`Annotated[T, typer.Option(...)]` → (T, the Option call)."""
-    if (
-        isinstance(node, ast.Subscript)
-        and getattr(node.value, "id", getattr(node.value, "attr", "")) == "Annotated"
-    ):
-        elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        call = next((e for e in elts[1:] if isinstance(e, ast.Call)), None)
-        return elts[0], call
-    return node, None
-
-
-def typer_options(release: Release, module: str, function: str) -> dict[str, Option]:
-    tree = release.tree(module)
-    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
-    options: dict[str, Option] = {}
-    for arg in fn.args.args:
-        kind, call = _annotation_parts(arg.annotation)
-        is_bool = isinstance(kind, ast.Name) and kind.id == "bool"
-        declared = [
-            a.value
-            for a in (call.args if call else [])
-            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
-        ]
-        flags: set[str] = set()
-        for decl in declared:
-            flags.update(decl.split("/"))
-        if not flags:
-            name = "--" + arg.arg.replace("_", "-")
-            flags = {name, "--no-" + name[2:]} if is_bool else {name}
-        options[arg.arg] = Option(flags, is_bool)
-    return options
-
-
-def registered_commands(release: Release) -> dict[str, str]:
-    """CLI command name → function name, from `app.command(...)(function)` in speculators/cli/__init__.py."""
-    found: dict[str, str] = {}
-    for node in ast.walk(release.tree("speculators.cli")):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Call)
-            and getattr(node.func.func, "attr", "") == "command"
-            and node.args
-        ):
-            function = node.args[0].id
-            names = [k.value.value for k in node.func.keywords if k.arg == "name"]
-            found[names[0] if names else function.replace("_", "-")] = function
-    return found
 
 
 @pytest.mark.parametrize(
@@ -172,8 +100,8 @@ def registered_commands(release: Release) -> dict[str, str]:
 )
 def test_typer_commands_and_every_option_exist(spec, stage, command, module, function):
     assert spec.has_module("speculators.__main__")  # `python -m speculators`
-    assert registered_commands(spec)[command] == function
-    options = typer_options(spec, module, function)
+    assert clis.typer_commands(spec)[command] == function
+    options = clis.typer_parameters(spec, module, function)
     known = {flag: opt for opt in options.values() for flag in opt.flags}
     checked = 0
     for preset, draft, argv in planned(stage):
@@ -197,7 +125,7 @@ def test_prepare_data_bypasses_the_render_endpoint_for_pretokenized_rows(spec):
         if isinstance(node, ast.Set)
     ]
     assert {"input_ids", "loss_mask"} in sets
-    options = typer_options(spec, "speculators.cli.prepare_data", "prepare_data")
+    options = clis.typer_parameters(spec, "speculators.cli.prepare_data", "prepare_data")
     assert "render_endpoint" in options  # exists, and the pipeline never passes it
     assert options["skip_token_freq"].flags == {"--skip-token-freq", "--no-skip-token-freq"}
 
@@ -212,77 +140,18 @@ def test_offline_hidden_states_layout(spec):
 # --- the trainer's flags ----------------------------------------------------------------------------------------
 
 
-@dataclass
-class Field_:
-    name: str
-    kind: str  # bool | list | scalar
-    choices: list[str] | None
-    bool_optional: bool
-    default: object = None
-    extra: set[str] = field(default_factory=set)
-
-
-def _kind(annotation: ast.expr) -> tuple[str, list[str] | None]:
-    """bool / list / scalar, and Literal choices, with `| None` stripped."""
-    node = annotation
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        node = (
-            node.left if not (isinstance(node.left, ast.Constant) and node.left.value is None) else node.right
-        )
-    if isinstance(node, ast.Name) and node.id == "bool":
-        return "bool", None
-    if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "list":
-        return "list", None
-    if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Literal":
-        elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        return "scalar", [str(e.value) for e in elts]
-    return "scalar", None
-
-
-def train_fields(release: Release) -> dict[str, Field_]:
-    """Every TrainConfig field (root scalars and each group's), as speculators' resolution turns them into flags."""
-    tree = release.tree("speculators.train.config.schema")
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    groups = set()
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_GROUPS":
-            groups = {v.id for v in node.value.values}
-    fields: dict[str, Field_] = {}
-    for cls in ["TrainConfig", *sorted(groups)]:
-        for stmt in classes[cls].body:
-            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-                continue
-            if getattr(stmt.annotation, "id", None) in groups or stmt.target.id.startswith("_"):
-                continue  # a group attribute, or private state
-            if not (isinstance(stmt.value, ast.Call) and getattr(stmt.value.func, "id", "") == "Field"):
-                continue
-            kw = {k.arg: k.value for k in stmt.value.keywords}
-            default = kw["default"].value if isinstance(kw.get("default"), ast.Constant) else "<factory>"
-            tagged = getattr(kw.get("json_schema_extra"), "id", "") == "_CLI_BOOL_OPTIONAL"
-            kind, choices = _kind(stmt.annotation)
-            fields[stmt.target.id] = Field_(
-                stmt.target.id, kind, choices, tagged or default is None or default is True, default
-            )
-    return fields
-
-
-def train_flags(spec: Release, hsc: Release) -> dict[str, Field_]:
+def train_flags(spec: Release, hsc: Release) -> dict[str, str]:
+    """flag → form (`clis.train_flags`), after checking the rules of speculators' own resolution it mirrors."""
     # speculators/train/config/resolution.py: `"--" + dest.replace("_", "-")`, BooleanOptionalAction for bools
     # defaulting to True/None or tagged optional, store_true otherwise; plus --config / --dump-config and the
     # hidden-state backends' own flags.
     resolution = spec.source("speculators.train.config.resolution")
     assert 'return "--" + dest.replace("_", "-")' in resolution
     assert 'argparse.BooleanOptionalAction if optional else "store_true"' in resolution
-    flags: dict[str, Field_] = {}
-    for f in train_fields(spec).values():
-        flag = "--" + f.name.replace("_", "-")
-        flags[flag] = f
-        if f.kind == "bool" and f.bool_optional:
-            flags["--no-" + flag[2:]] = f
-    flags["--config"] = Field_("config", "scalar", None, False)
     transfer = hsc.source("hs_connectors.transfer")
     assert '@HiddenStatesBackend.register("file")' in transfer and '"--hidden-states-path"' in transfer
-    flags["--hidden-states-path"] = Field_("hidden_states_path", "scalar", None, False)
+    flags = clis.train_flags(spec, hsc)
+    assert flags["--config"] == flags["--hidden-states-path"] == clis.VALUE
     return flags
 
 
@@ -293,6 +162,7 @@ def test_the_trainer_runs_as_a_module_under_torchrun(spec):
 
 def test_every_train_flag_exists_with_its_form_and_choices(spec, hsc):
     flags = train_flags(spec, hsc)
+    fields = clis.train_fields(spec)
     checked = 0
     for preset, draft, argv in planned("train"):
         module = (
@@ -304,27 +174,30 @@ def test_every_train_flag_exists_with_its_form_and_choices(spec, hsc):
         checked += 1
         for flag, values in split_options(trainer):
             assert flag in flags, f"{preset}/{draft}: speculators.train has no flag {flag}"
-            f = flags[flag]
-            if f.kind == "bool":
+            form = flags[flag]
+            if form == clis.SWITCH:
                 assert values == [], f"{flag} is a switch"
-                if flag != "--" + f.name.replace("_", "-"):  # the negative form of a switch
-                    assert f.bool_optional, f"{flag}: the trainer has no --no- form for {f.name}"
-            elif f.kind == "list":
+                name = flag[2:].replace("-", "_")
+                if name not in fields:  # the negative form of a switch
+                    f = fields[name.removeprefix("no_")]
+                    assert f.negatable, f"{flag}: the trainer has no --no- form for {f.name}"
+            elif form == clis.VALUES:
                 assert values, f"{flag} needs values"
             else:
                 assert len(values) == 1, f"{flag} takes one value, got {values}"
-                if f.choices:
-                    assert values[0] in f.choices, f"{flag} {values[0]} not in {f.choices}"
+                if choices := clis.choices_of(form):
+                    assert values[0] in choices, f"{flag} {values[0]} not in {choices}"
     assert checked == (len(model_preset_names()) + 1) * len(DRAFTS)
 
 
 def test_the_kits_dflash_family_choices_are_known_values(spec, hsc):
     flags = train_flags(spec, hsc)
     assert set(DRAFTS) <= registered_speculator_types(spec)
-    assert flags["--on-missing"].choices and "raise" in flags["--on-missing"].choices
+    on_missing = clis.choices_of(flags["--on-missing"])
+    assert on_missing and "raise" in on_missing
     assert "file" in hsc.source("hs_connectors.transfer")
     # The draft types the trainer's speculator-type field documents (it is a plain str, checked by the registry).
-    assert flags["--speculator-type"].kind == "scalar"
+    assert flags["--speculator-type"] == clis.VALUE
 
 
 def registered_speculator_types(release: Release) -> set[str]:

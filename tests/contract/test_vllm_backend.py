@@ -10,18 +10,24 @@ fakes that carry exactly those declared attributes.
 from __future__ import annotations
 
 import ast
-import builtins
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from releases import Release, ReleaseUnavailable, release_wheel
+from releases import Release, pinned_release
 
 from draftscope.bench.backends.vllm import backend as V
 from draftscope.bench.backends.vllm import config as C
 from draftscope.core import presets as P
+from draftscope.ops.contracts.reading import (
+    cls,
+    definition,
+    fields,
+    lazy_imports,
+    literal_values,
+    methods,
+    string_constants,
+)
 
 pytestmark = pytest.mark.contract
 
@@ -34,109 +40,14 @@ PIN = "0123456789abcdef0123456789abcdef01234567"
 
 @pytest.fixture(scope="module")
 def vllm() -> Release:
-    try:
-        return Release(release_wheel("vllm", V.PINNED_VERSION, platform=PLATFORM))
-    except ReleaseUnavailable as exc:
-        pytest.fail(str(exc))
+    return pinned_release("vllm", V.PINNED_VERSION, platform=PLATFORM)
 
 
-# --- reading definitions out of parsed modules --------------------------------------------------------------
-
-
-def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """Module-level statements, including those under `if TYPE_CHECKING:`/`try:` blocks."""
-    for node in body:
-        if isinstance(node, ast.If):
-            yield from _statements(node.body)
-            yield from _statements(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _statements(block)
-        else:
-            yield node
-
-
-def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
-    if not node.level:
-        return node.module or ""
-    parts = module.split(".")
-    base = parts if is_package else parts[:-1]
-    base = base[: len(base) - (node.level - 1)]
-    return ".".join([*base, node.module] if node.module else base)
-
-
-def _module_attrs(release: Release, module: str) -> dict[str, str]:
-    """A package's lazy-import table (`MODULE_ATTRS = {"Name": ".sub.module:Name"}`), resolved to absolute."""
-    for node in _statements(release.tree(module).body):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "MODULE_ATTRS" for t in node.targets
-        ):
-            table = ast.literal_eval(node.value)
-            return {k: (module + v if v.startswith(".") else v) for k, v in table.items()}
-    return {}
-
-
-class NotInRelease(AssertionError):
-    """A name defined outside the release (the standard library, a dependency)."""
-
-
-def definition(release: Release, module: str, name: str, depth: int = 0) -> tuple[str, ast.AST]:
-    """Where `module.name` is defined: follows lazy-import tables, `from … import`, and `A = B` aliases."""
-    assert depth < 10, f"alias chain too long at {module}.{name}"
-    if not release.has_module(module):
-        raise NotInRelease(f"{module}.{name} is outside the vLLM release (typing, msgspec, …)")
-    lazy = _module_attrs(release, module)
-    if name in lazy:
-        target_module, target_name = lazy[name].split(":")
-        return definition(release, target_module, target_name, depth + 1)
-    is_package = release.path_of(module).endswith("__init__.py")
-    for node in _statements(release.tree(module).body):
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
-            return module, node
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-            return module, node
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
-            if isinstance(node.value, ast.Name):
-                return definition(release, module, node.value.id, depth + 1)
-            return module, node
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    return definition(release, _absolute(module, node, is_package), alias.name, depth + 1)
-    if hasattr(builtins, name):
-        raise NotInRelease(f"{name} is a builtin")
-    raise AssertionError(f"{name} is not defined in {module} (vLLM {V.PINNED_VERSION})")
-
-
-def cls(release: Release, module: str, name: str) -> tuple[str, ast.ClassDef]:
-    where, node = definition(release, module, name)
-    assert isinstance(node, ast.ClassDef), f"{module}.{name} is not a class"
-    return where, node
-
-
-def fields(release: Release, module: str, name: str) -> dict[str, ast.AnnAssign]:
-    """Annotated class attributes (dataclass / pydantic / msgspec / TypedDict fields), bases included."""
-    where, node = cls(release, module, name)
-    found: dict[str, ast.AnnAssign] = {}
-    for base in node.bases:
-        if isinstance(base, ast.Name):
-            with contextlib.suppress(NotInRelease):  # msgspec.Struct, TypedDict, NamedTuple, …
-                found |= fields(release, where, base.id)
-    for stmt in node.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            found[stmt.target.id] = stmt
-    return found
-
-
-def methods(release: Release, module: str, name: str) -> dict[str, ast.FunctionDef]:
-    _, node = cls(release, module, name)
-    return {s.name: s for s in node.body if isinstance(s, ast.FunctionDef)}
+# --- reading definitions out of parsed modules (the kit's own readers, `draftscope.ops.contracts.reading`) ----------
 
 
 def init_attributes(release: Release, module: str, name: str) -> set[str]:
-    """Attributes a class sets on `self` in `__init__`."""
+    """Attributes a class sets on `self` in `__init__` (plain assignments straight to `self.x`)."""
     init = methods(release, module, name)["__init__"]
     return {
         t.attr
@@ -145,30 +56,6 @@ def init_attributes(release: Release, module: str, name: str) -> set[str]:
         for t in node.targets
         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
     }
-
-
-def literal_values(release: Release, module: str, node: ast.expr) -> set[str]:
-    """The strings a `Literal[...]` annotation (or an alias of one, or a union of such aliases) admits."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, ast.Name):
-        try:
-            where, found = definition(release, module, node.id)
-        except NotInRelease:
-            return set()  # str, a typing construct, …: admits no particular string
-        if isinstance(found, ast.Assign):  # an alias such as `ModelDType = Literal[...]`
-            return literal_values(release, where, found.value)
-        return set()
-    if isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("Literal", "typing.Literal"):
-        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        return set().union(*(literal_values(release, module, item) for item in items))
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return literal_values(release, module, node.left) | literal_values(release, module, node.right)
-    return set()
-
-
-def constants(tree: ast.AST) -> set[str]:
-    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
 # --- the backend's own uses -------------------------------------------------------------------------------
@@ -263,7 +150,7 @@ def test_every_symbol_exists_where_the_backend_imports_it(vllm):
     for name, module in V.SYMBOLS.items():
         definition(vllm, module, name)
     # Top-level names are served lazily through `vllm.MODULE_ATTRS` at run time.
-    lazy = _module_attrs(vllm, "vllm")
+    lazy = lazy_imports(vllm, "vllm")
     assert {n for n, m in V.SYMBOLS.items() if m == "vllm"} <= set(lazy)
 
 
@@ -400,7 +287,7 @@ def test_per_step_acceptance_is_recorded_at_the_detailed_level(vllm):
 
 
 def test_spec_decode_counter_names(vllm):
-    names = constants(vllm.tree("vllm.v1.spec_decode.metrics"))
+    names = string_constants(vllm, "vllm.v1.spec_decode.metrics")
     assert set(V.SPEC_COUNTERS) <= names, sorted(set(V.SPEC_COUNTERS) - names)
     # The offline reader reports counters under their family name (without `_total`), as `Counter.value`.
     reader = vllm.tree("vllm.v1.metrics.reader")
@@ -425,7 +312,7 @@ def test_out_of_memory_messages_are_vllms_own(vllm):
     # String constants as Python joins them (adjacent literals and f-string pieces merged), not raw source.
     texts = set().union(
         *(
-            constants(vllm.tree(m))
+            string_constants(vllm, m)
             for m in (
                 "vllm.v1.core.kv_cache_planning",
                 "vllm.v1.worker.utils",

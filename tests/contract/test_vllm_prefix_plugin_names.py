@@ -21,6 +21,7 @@ import pytest
 from releases import Release, pinned_release
 
 from draftscope.bench.backends.vllm import backend as V
+from draftscope.ops.contracts.reading import self_attributes
 
 vllm_plugin = pytest.importorskip("draftscope.head.vllm_plugin")  # needs torch (not vLLM)
 
@@ -86,24 +87,6 @@ def method(release: Release, module: str, cls: str, name: str) -> ast.FunctionDe
 
 def params(fn: ast.FunctionDef) -> tuple[str, ...]:
     return tuple(a.arg for a in [*fn.args.posonlyargs, *fn.args.args])
-
-
-def self_attributes(node: ast.AST) -> set[str]:
-    """Attributes assigned on `self` anywhere inside `node` (plain and annotated assignments)."""
-    found = set()
-    for sub in ast.walk(node):
-        targets = (
-            sub.targets
-            if isinstance(sub, ast.Assign)
-            else [sub.target]
-            if isinstance(sub, ast.AnnAssign)
-            else []
-        )
-        for target in targets:
-            for t in ast.walk(target):
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                    found.add(t.attr)
-    return found
 
 
 def class_fields(release: Release, module: str, cls: str) -> dict[str, ast.AnnAssign]:

@@ -220,9 +220,8 @@ def _train_choice(s: Sources, flag: str, value: str) -> str:
     form = s.train_flags.get(flag)
     if form is None:
         return ABSENT  # the flag's own item says so
-    if form.startswith("takes one of: "):
-        return _admits(set(form.removeprefix("takes one of: ").split(", ")), value)
-    return ADMITTED
+    choices = clis.choices_of(form)
+    return ADMITTED if choices is None else _admits(set(choices), value)
 
 
 FORMS: dict[str, Callable[..., str]] = {

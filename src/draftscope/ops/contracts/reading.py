@@ -2,7 +2,10 @@
 `self` attributes, the strings a `Literal[...]` admits, the string constants of a module.
 
 Every lookup that finds nothing raises `Missing` (a `KeyError`): the other release of a diff may lack a module,
-a class or a field, and the caller records that as the item's form ("absent") instead of failing.
+a class or a field, and the caller records that as the item's form ("absent") instead of failing. The contract
+tier uses the same lookups, where a `Missing` fails the test. Only `NotInRelease` (a name the release imports from
+elsewhere: the standard library, a dependency) is passed over where a lookup goes on without it: a base class or
+an annotation name the release itself should define but does not is a `Missing`, never a silent empty answer.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def lazy_imports(release: Release, module: str) -> dict[str, str]:
 
 def definition(release: Release, module: str, name: str, depth: int = 0) -> tuple[str, ast.AST]:
     """Where `module.name` is defined: follows lazy-import tables, `from … import`, and `A = B` aliases."""
-    if depth > 10:
+    if depth >= 10:
         raise Missing(f"alias chain too long at {module}.{name}")
     if not release.has_module(module):
         raise NotInRelease(f"{module}.{name} is outside the release")
@@ -111,7 +114,7 @@ def fields(release: Release, module: str, name: str, depth: int = 0) -> dict[str
     found: dict[str, ast.AnnAssign] = {}
     for base in node.bases:
         if isinstance(base, ast.Name) and base.id != name and depth < 10:
-            with contextlib.suppress(Missing):  # msgspec.Struct, TypedDict, NamedTuple, …
+            with contextlib.suppress(NotInRelease):  # msgspec.Struct, TypedDict, NamedTuple, …
                 found |= fields(release, where, base.id, depth + 1)
     for stmt in node.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
@@ -151,7 +154,7 @@ def literal_values(release: Release, module: str, node: ast.expr | None, depth: 
     if isinstance(node, ast.Name):
         try:
             where, found = definition(release, module, node.id)
-        except Missing:
+        except NotInRelease:
             return set()  # str, a typing construct, …: admits no particular string
         if isinstance(found, ast.Assign):  # an alias such as `ModelDType = Literal[...]`
             return literal_values(release, where, found.value, depth + 1)

@@ -51,10 +51,11 @@ def merged(items: Iterable[Item]) -> list[Item]:
 
 
 def split_options(argv: list[str]) -> list[tuple[str, list[str]]]:
-    """[(--flag, values…)] in order; words before the first flag (a command, a positional) are skipped."""
+    """[(--flag, values…)] in order; words before the first flag (a command, a positional) are skipped. A bare
+    `--` counts as a flag: no upstream parser here takes one, so it is reported rather than read as a value."""
     out: list[tuple[str, list[str]]] = []
     for word in argv:
-        if word.startswith("--") and word != "--":
+        if word.startswith("--"):
             out.append((word, []))
         elif out:
             out[-1][1].append(word)
