@@ -84,11 +84,12 @@ def _pipeline(image: str) -> Iterator[Planned]:
 
 
 def _benchmarks() -> Iterator[Planned]:
-    from draftscope.bench.backends.vllm import config as vllm_config  # the backend's pure half
+    from draftscope.bench import backends  # the backends' specs: which image each runs in
+    from draftscope.bench.backends.vllm import config as vllm_config  # the vLLM backend's pure half
 
     for name in P.experiment_preset_names():
         config = P.load_experiment(name)
-        if config.backend != "vllm":
+        if backends.get(config.backend).image != "vllm":
             continue
         preset = P.load_model_preset(config.model_preset)
         capabilities = _CAPABILITIES if config.device == "cuda" else (None,)

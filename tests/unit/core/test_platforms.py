@@ -38,7 +38,7 @@ def test_host_user_without_posix_ids_is_the_images_user(monkeypatch):
     assert platforms.host_user() == platforms.IMAGE_USER == (10001, 10001)
 
 
-IMAGES = {"transformers": "13.0.1", "vllm": "13.0", "train": "13.0.1", "sglang": "13.0.1"}
+IMAGES = {"transformers": "13.0.1", "vllm": "13.0", "train": "13.0", "sglang": "13.0"}
 
 
 def gpu(cuda, driver="550.90.07"):
