@@ -38,6 +38,7 @@ from typing import Any
 
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json
+from draftscope.core.reading import read_json
 
 IMAGE_CACHE = "/opt/draftscope/triton-cache"  # where the vllm image keeps the compiled kernels (read-only)
 MANIFEST = "draftscope-head-aot.json"
@@ -153,11 +154,11 @@ def manifest_problems(data: Any) -> list[str]:
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The manifest of the cache in `folder`, checked for shape (a UserError naming the problem otherwise)."""
     path = Path(folder) / MANIFEST
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    try:  # the kit's reading boundary: a pulled image's folder is data (a regular file, bounded, valid JSON)
+        data = read_json(path, expect=dict)
+    except UserError as exc:
         raise UserError(
-            f"cannot read the head's AOT manifest: {exc}",
+            f"cannot read the head's AOT manifest: {exc.message}",
             field="cache",
             value=str(path),
             fix="build it with `python -m draftscope head-aot --cuda-arch ... --cache-dir <folder>`",
