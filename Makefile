@@ -118,7 +118,7 @@ test-vllm: setup train-env
 
 test-all: test test-container test-contract test-reliability test-slurm test-vllm
 
-# The layers (docs/architecture.md): .importlinter's contracts, read from the source on every run (no cache).
+# The layers (docs/develop/architecture.md): .importlinter's contracts, read from the source on every run (no cache).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

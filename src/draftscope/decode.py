@@ -32,7 +32,7 @@ except ImportError as exc:  # the host side never imports this module; the trans
     raise MissingDependency(exc.name or "torch", extra="local", image="transformers") from None
 
 # (logits rows [n, vocab], draft tokens [n - 1]) -> the target's token for every row [n]. A head with
-# `needs_hidden = True` (draftscope.head.runtime.CertifiedHead, docs/head.md) gets the hidden rows instead, the draft
+# `needs_hidden = True` (draftscope.head.runtime.CertifiedHead, docs/review/head.md) gets the hidden rows instead, the draft
 # tokens, and a callable for the model's own dense head: it certifies rows from a coarse INT8 pass and runs the
 # dense head only when it must.
 Head = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

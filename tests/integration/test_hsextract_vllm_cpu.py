@@ -15,7 +15,7 @@ safetensors file the connector writes. On the CPU engine two things stop it, ass
    pin_memory=True)` in `_submit_async_write`), which a CPU-only torch cannot allocate: the engine dies with
    `RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; ...` and no file is written.
 
-So the tiny preset's hsextract keeps its Transformers extractor (docs/pipeline.md). These tests fail the day either
+So the tiny preset's hsextract keeps its Transformers extractor (docs/use/pipeline.md). These tests fail the day either
 changes — then make hsextract use vLLM on the CPU too. Run with `make test-vllm`; without vLLM they fail."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_the_hidden_states_connector_needs_pinned_memory_on_the_cpu_engine(stage
         print(f"\nhandle {handle}; files in the scratch folder: {sorted(p.name for p in scratch.rglob('*'))}")
         assert not written, (
             f"the CPU engine wrote hidden states ({written}): make the tiny preset's hsextract use vLLM "
-            "(docs/pipeline.md)"
+            "(docs/use/pipeline.md)"
         )
         assert PIN_MEMORY_ERROR in text, text[-4000:]
         assert 'example_hidden_states_connector.py", line' in text and "in _submit_async_write" in text

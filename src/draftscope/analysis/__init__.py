@@ -11,7 +11,7 @@ they are on disk (partial runs included, and labelled so) and writes new files e
     report.py     the terminal table and the report folder (report.md, self-contained report.html)
     reproduce.py  re-run a run from its manifest, then compare
     evidence.py   research/: SHA256SUMS, schema checks, adding runs
-    export.py     records → one row each: CSV, JSON lines, Parquet (docs/exports.md)
+    export.py     records → one row each: CSV, JSON lines, Parquet (docs/use/exports.md)
     timing.py     TTFT, TPOT and inter-token latencies from the token timestamps, as vLLM defines them
     vllm_bench.py a run as `vllm bench serve --save-result` JSON
     mlflow_log.py a run logged to an MLflow tracking store

@@ -1,4 +1,4 @@
-"""Runs → one flat row per record, written as CSV, JSON lines or Parquet (docs/exports.md names every column).
+"""Runs → one flat row per record, written as CSV, JSON lines or Parquet (docs/use/exports.md names every column).
 
 The same rows for every format, in the order of `COLUMNS`: the run's identity (run id, status, backend, preset,
 target and draft as `repo@revision`, k, prompts hash), the record's own figures (tokens, request seconds and
@@ -208,7 +208,7 @@ def arrow_schema() -> Any:
             pa.field(name, types[kind], nullable=True, metadata={"description": about})
             for name, kind, about in COLUMNS
         ],
-        metadata={"producer": "draftscope export", "columns": "docs/exports.md"},
+        metadata={"producer": "draftscope export", "columns": "docs/use/exports.md"},
     )
 
 

@@ -110,7 +110,7 @@ def acceptance_histogram(runs: Sequence[Run]) -> bytes | None:
         lengths = [n for r in run.records for n in (r.get("acceptance_lengths") or [])]
         if not lengths:
             continue
-        # The pooled mean leads (docs/benchmarks.md, "Acceptance"): the median of whole numbers hides the tail.
+        # The pooled mean leads (docs/use/benchmarks.md, "Acceptance"): the median of whole numbers hides the tail.
         mean = float(np.mean(lengths))
         bars = ax.hist(
             lengths,

@@ -4,7 +4,7 @@ its manifest, summary (and report, where given) as artifacts, tagged with the ki
 Through `MlflowClient` only (no global active run): any tracking URI MLflow takes (`sqlite:///mlflow.db`, a
 server's `http(s)://…`). A run already logged to the experiment (tag `draftscope.run_id`) is refused rather than
 logged twice. The MLflow run's start and end times are the kit run's; its status FINISHED for a completed run,
-KILLED for one stopped (timed out, interrupted) and FAILED otherwise. docs/exports.md lists every name.
+KILLED for one stopped (timed out, interrupted) and FAILED otherwise. docs/use/exports.md lists every name.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Only names that vLLM's own result JSON carries, filled only with what the kit measured (the contract test
 tests/contract/test_vllm_bench_names.py checks every name against the pinned release's source). Units are vLLM's:
 seconds for durations and per-request lists, milliseconds for the `*_ms` statistics, tokens/s for throughputs,
-a percentage for `spec_decode_acceptance_rate`. docs/exports.md maps each field to the kit figure that fills it
+a percentage for `spec_decode_acceptance_rate`. docs/use/exports.md maps each field to the kit figure that fills it
 and names those left out and why (no generated text, no absolute request start times, no server-side queue
 times). Several runs are written one JSON object per line, as `--append-result` writes them.
 """
@@ -25,7 +25,7 @@ VLLM_VERSION = "0.33.0"  # the release whose result names these are (the GPU ima
 PERCENTILES = (99,)  # vLLM's default --metric-percentiles
 DATE_FORMAT = "%Y%m%d-%H%M%S"  # vLLM's `date`
 # The names vLLM's result JSON may carry that the kit leaves out, and why (the contract test requires every
-# literal name of the release's result to be written or listed here; docs/exports.md shows this table).
+# literal name of the release's result to be written or listed here; docs/use/exports.md shows this table).
 LEFT_OUT = {
     "ramp_up_strategy": "no ramp-up: requests are sent one at a time (vLLM writes it only with --ramp-up-strategy)",
     "ramp_up_start_rps": "no ramp-up (as ramp_up_strategy)",

@@ -60,7 +60,7 @@ class Architecture:
 
     @property
     def is_hybrid(self) -> bool:
-        """Linear-attention (GDN / Mamba-style) layers: vLLM needs the custom all-reduce off (docs/integration-bugs.md, bug 1)."""
+        """Linear-attention (GDN / Mamba-style) layers: vLLM needs the custom all-reduce off (docs/develop/integration-bugs.md, bug 1)."""
         return self.kind.startswith("hybrid")
 
 
@@ -192,7 +192,7 @@ class ContainerOptions:
 
 @dataclass(frozen=True)
 class HeadOptions:
-    """The target head in the kit's speculative loop (Transformers backend; docs/head.md)."""
+    """The target head in the kit's speculative loop (Transformers backend; docs/review/head.md)."""
 
     policy: Literal["dense", "rowwise", "prefix"] = "dense"
     k: int = 64  # candidates refined per row beyond the top 2

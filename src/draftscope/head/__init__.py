@@ -1,4 +1,4 @@
-"""The prefix-conditioned target head (docs/head.md): a certified coarse head with a dense fallback.
+"""The prefix-conditioned target head (docs/review/head.md): a certified coarse head with a dense fallback.
 
 In greedy speculative decoding the target's head runs on k+1 rows per verification step, and only a prefix of them
 matters. `draftscope.head` certifies each row's argmax from an INT8 coarse pass plus an exact refine of a few

@@ -584,7 +584,7 @@ def main(
         from draftscope.head.triton_kernels import kernels
 
         kernels()  # MissingDependency now, not after building the heads
-        # The dense reference's settings (docs/head.md): no reduced-precision bf16 reduction.
+        # The dense reference's settings (docs/review/head.md): no reduced-precision bf16 reduction.
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     _check_memory(device, max(vocabs), int(hidden))
 

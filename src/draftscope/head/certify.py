@@ -1,4 +1,4 @@
-"""Certify each row's argmax from the coarse pass plus an exact refine of a few candidates (docs/head.md, "One row").
+"""Certify each row's argmax from the coarse pass plus an exact refine of a few candidates (docs/review/head.md, "One row").
 
 For every row of hidden states:
 
@@ -36,7 +36,7 @@ Refine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor
 
 @dataclass(frozen=True)
 class Certificate:
-    """Per row: the winner, whether it is certified, and the measurements docs/head.md asks for."""
+    """Per row: the winner, whether it is certified, and the measurements docs/review/head.md asks for."""
 
     tokens: torch.Tensor  # long [N]: c* (also for uncertified rows: the best guess, never used as final)
     certified: torch.Tensor  # bool [N]

@@ -17,7 +17,7 @@ import torch
 
 U_FP32 = 2.0**-23  # fp32 machine epsilon: a truncating accumulator's worst step, twice round-to-nearest's
 SAFETY = (
-    2.0  # docs/head.md: validate on real hardware; the property tests emulate several orders and truncation
+    2.0  # docs/review/head.md: validate on real hardware; the property tests emulate several orders and truncation
 )
 PAD = 1e-9  # relative pad on every error term computed in float64, for the float64 arithmetic's own rounding
 

@@ -1,4 +1,4 @@
-"""When the dense head must run: the prefix rule, and the row-wise rule it is compared with (docs/head.md).
+"""When the dense head must run: the prefix rule, and the row-wise rule it is compared with (docs/review/head.md).
 
 Rows come grouped by request, in order: a request's rows are its k verification rows and the bonus row (draft
 token −1). Per request, the prefix rule walks its rows: an uncertified row needs the dense head; a certified row

@@ -190,7 +190,7 @@ class CertifiedHead:
 
 
 def check_dense_head(model: Any) -> None:
-    """The exactness preconditions on the model's head (docs/head.md): a plain linear map — no bias, no logit soft-cap
+    """The exactness preconditions on the model's head (docs/review/head.md): a plain linear map — no bias, no logit soft-cap
     or scale. A model that breaks one is refused with the reason, never run with a head that would not be exact."""
     head = getattr(model, "lm_head", None)
     if head is None or getattr(head, "weight", None) is None:

@@ -1,7 +1,7 @@
 """`invoke head-study`: replay a run's captured verification calls through the certified head, offline.
 
 For every captured call (hidden rows, draft tokens, the dense head's tokens) it certifies each row, applies both
-fallback rules to the same call, and reports what docs/head.md asks for: calls, rows certified / uncertified-relevant /
+fallback rules to the same call, and reports what docs/review/head.md asks for: calls, rows certified / uncertified-relevant /
 uncertified-irrelevant, dense fallbacks under the row-wise rule versus the prefix rule, the row that triggered each
 prefix fallback, tail margins (`Lo_c* − R_out`) and head margins, the K that would have sufficed, bf16 ties — and
 the disagreements between certified tokens and the dense head's, which must be 0. Output: a schema-valid

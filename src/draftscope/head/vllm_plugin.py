@@ -245,7 +245,7 @@ def install_runner_hooks() -> None:
 def head_missing(
     processor: Any, lm_head: Any, hidden: torch.Tensor, embedding_bias: Any, *, cuda: bool = True
 ) -> list[str]:
-    """What about the model's head breaks the certificate's reference semantics (docs/head.md). On CUDA the head
+    """What about the model's head breaks the certificate's reference semantics (docs/review/head.md). On CUDA the head
     must be bfloat16 (an fp32 GEMM there may run in TF32); on a CPU float32 is certified as well (fp32 output)."""
     missing = []
     weight = lm_head.weight

@@ -1,6 +1,6 @@
 """`invoke share RUN --output BUNDLE.tar.gz`: a run packed for an issue report or a reviewer, text left out.
 
-Prompts and generated text stay local (docs/run-directories.md), so the bundle is built from an allow
+Prompts and generated text stay local (docs/use/run-directories.md), so the bundle is built from an allow
 list, not by deleting from a copy: under `<run_id>/` it holds
 
     manifest.json   the manifest as recorded (status, reason, images, hardware, versions, input hashes)

@@ -234,7 +234,7 @@ def captured_layer_ids(preset: ModelPreset) -> list[int]:
     return [*speculators_layer_ids(preset), preset.architecture.num_layers]
 
 
-# --- server instances: GPU masks, tensor parallelism, ports (docs/integration-bugs.md, bug 5) -----------------------------
+# --- server instances: GPU masks, tensor parallelism, ports (docs/develop/integration-bugs.md, bug 5) -----------------------------
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class RegenOptions:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     # The target's server: vLLM's OpenAI server, or the kit's stand-in (`tinyserve`, the CPU fast path). Default:
-    # vllm on a GPU, tinyserve on a CPU; `vllm` on a CPU runs vLLM's CPU backend (docs/pipeline.md).
+    # vllm on a GPU, tinyserve on a CPU; `vllm` on a CPU runs vLLM's CPU backend (docs/use/pipeline.md).
     server: Literal["vllm", "tinyserve"] | None = None
 
 
@@ -266,7 +266,7 @@ def load_pipeline_config(
     data.setdefault("name", f"{data['model_preset']}-{data['draft']}")
     kit = isinstance(data["model_preset"], str) and load_model_preset(data["model_preset"]).source == "kit"
     if "device" not in data and isinstance(data["model_preset"], str):
-        # The kit-built tiny models are the CPU path (docs/pipeline.md); every hub preset needs an NVIDIA GPU.
+        # The kit-built tiny models are the CPU path (docs/use/pipeline.md); every hub preset needs an NVIDIA GPU.
         data["device"] = "cpu" if kit else "cuda"
     if kit and isinstance(data.get("data", {}), dict) and data.get("data", {}).get("chat") is None:
         # The tiny path's own chat rows (examples/chat.jsonl, 64 requests) so that it runs with no input at all.

@@ -227,7 +227,7 @@ def plan_notes(ctx: StageContext) -> list[str]:
         notes.append("target: the kit-built tiny model (draftscope/assets/tiny)")
     if preset.architecture.is_hybrid:
         notes.append(
-            "hybrid (GDN) target: vLLM runs with custom all-reduce off and the mp executor (docs/integration-bugs.md, bug 1)"
+            "hybrid (GDN) target: vLLM runs with custom all-reduce off and the mp executor (docs/develop/integration-bugs.md, bug 1)"
         )
     if preset.dflash.mask_token_id is None:
         notes.append(
@@ -245,7 +245,7 @@ def plan_notes(ctx: StageContext) -> list[str]:
 def sliding_window_note(ctx: StageContext) -> str | None:
     """Said before training, what convert's mask probe refuses after it: speculators' sliding window counts W
     context tokens back from the anchor, SGLang's W - 1 keys back from each query, so the served masks equal the
-    trained ones only up to a context of W - B + 1 (convert/probe.py, docs/integration-bugs.md bug 4)."""
+    trained ones only up to a context of W - B + 1 (convert/probe.py, docs/develop/integration-bugs.md bug 4)."""
     window, block = ctx.config.train.sliding_window, ctx.preset.dflash.block_size
     served = served_context_length(ctx)
     limit = window - block + 1

@@ -1,6 +1,6 @@
 """docker / podman: a Step becomes one `run` argv; the engine is a parameter, the argv is otherwise the same.
 
-Facts this code is built on (docs/upstream-facts.md, checked on podman 4.3 through the docker CLI):
+Facts this code is built on (docs/develop/upstream-facts.md, checked on podman 4.3 through the docker CLI):
 - `run --rm` reports exit code 0 whatever happened (podman < 4.6): run with `--name`, no `--rm`, read the exit
   code from the named container, then remove it.
 - Killing the client never stops the container: on expiry stop and remove the container *by name*.

@@ -247,7 +247,7 @@ def _save(model: Any, folder: Path) -> None:
     import torch
 
     with quiet_progress():
-        # Stored in bf16: half the bytes, and no measured figure changed (docs/upstream-facts.md).
+        # Stored in bf16: half the bytes, and no measured figure changed (docs/develop/upstream-facts.md).
         model.to(torch.bfloat16).save_pretrained(str(folder))
     model.float()
 

@@ -1,7 +1,7 @@
 """Training and measuring the tiny models: seeded, fixed step counts, deterministic on one machine.
 
 Nothing here depends on the wall clock: the step counts fix the work, so a rebuild with the same settings, Python
-(corpus), torch version and CPU reproduces the weights bit for bit (measured: docs/upstream-facts.md, the tiny models). Training runs in fp32;
+(corpus), torch version and CPU reproduces the weights bit for bit (measured: docs/develop/upstream-facts.md, the tiny models). Training runs in fp32;
 the build stores bf16.
 """
 

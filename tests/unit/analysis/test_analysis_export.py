@@ -222,6 +222,6 @@ def test_hostile_prompt_ids_survive_csv_and_jsonl(table, ids):
 def test_the_exports_page_names_every_column_and_every_vllm_field_left_out():
     from draftscope.analysis.vllm_bench import LEFT_OUT
 
-    page = (ROOT / "docs" / "exports.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs" / "use" / "exports.md").read_text(encoding="utf-8")
     for name in (*export.NAMES, *LEFT_OUT):
         assert f"| `{name}` |" in page, name

@@ -1,4 +1,4 @@
-"""The floor plan (docs/architecture.md) holds: `.importlinter`'s contracts pass on the tree, and they fail on a copy
+"""The floor plan (docs/develop/architecture.md) holds: `.importlinter`'s contracts pass on the tree, and they fail on a copy
 with one upward import planted, so a contract that can no longer fail would be noticed."""
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def test_the_server_keeps_every_engine_flag(preset):
             "--no-enable-prefix-caching": [],  # every token's hidden states computed, none from the cache
             "--seed": ["7"],
         }
-        if model.architecture.is_hybrid:  # docs/integration-bugs.md, bug 1
+        if model.architecture.is_hybrid:  # docs/develop/integration-bugs.md, bug 1
             expected |= {"--disable-custom-all-reduce": [], "--distributed-executor-backend": ["mp"]}
         assert {
             k: v for k, v in found.items() if k not in ("--speculative-config", "--kv-transfer-config")

@@ -167,7 +167,7 @@ def test_dflash_family_is_served_under_dflash_with_the_block_size(draft):
     assert "--enable-metrics" in serve and "--disable-radix-cache" in serve
 
 
-# --- the six integration bugs (docs/integration-bugs.md), each visible in the plan---------------------------------------------------------
+# --- the six integration bugs (docs/develop/integration-bugs.md), each visible in the plan---------------------------------------------------------
 
 
 @pytest.mark.parametrize("preset", HYBRID)

@@ -328,7 +328,7 @@ class VllmBackend:
         }
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        # Read by attribute: BatchEncoding is not a dict subclass in transformers 5 (docs/integration-bugs.md, bug 3).
+        # Read by attribute: BatchEncoding is not a dict subclass in transformers 5 (docs/develop/integration-bugs.md, bug 3).
         encoded = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True
         )

@@ -116,7 +116,7 @@ def _check_cpu(config: ExperimentConfig, kit: bool) -> None:
             fix="use --draft tiny, or no --draft",
         )
     # --experimental-prefix is allowed here: the plugin loads in the CPU engine, finds its prerequisites missing
-    # and records why it stayed off (docs/benchmarks.md).
+    # and records why it stayed off (docs/use/benchmarks.md).
 
 
 def is_kit_model(config: ExperimentConfig) -> bool:
@@ -130,7 +130,7 @@ def notes(config: ExperimentConfig, preset: ModelPreset) -> Sequence[str]:
     if preset.architecture.is_hybrid:
         executor = f"{HYBRID_EXECUTOR} executor"
         return (
-            f"hybrid (linear-attention) target: custom all-reduce off, {executor} (docs/integration-bugs.md, bug 1)",
+            f"hybrid (linear-attention) target: custom all-reduce off, {executor} (docs/develop/integration-bugs.md, bug 1)",
         )
     return ()
 
@@ -278,7 +278,7 @@ def _common_args(config: ExperimentConfig, capability: tuple[int, int] | None) -
 
 def num_speculative_tokens(preset: ModelPreset) -> int:
     """DFlash fills a block of `block_size` positions whose first holds the last committed token, so it
-    proposes `block_size - 1` tokens per step (docs/upstream-facts.md, vLLM)."""
+    proposes `block_size - 1` tokens per step (docs/develop/upstream-facts.md, vLLM)."""
     return preset.dflash.block_size - 1
 
 

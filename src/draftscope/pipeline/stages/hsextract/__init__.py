@@ -4,7 +4,7 @@ Real presets: per instance, the kit starts `vllm serve` (`python -m vllm.entrypo
 `extract_hidden_states` speculative method and its `ExampleHiddenStatesConnector`, which writes each request's
 hidden states to a scratch folder, on that instance's GPUs (own `CUDA_VISIBLE_DEVICES`, TP and port; GDN flags for
 hybrid targets) — the engine configuration speculators' `scripts/launch_vllm.py` builds, which its wheel does not
-ship (`speculative_config`, `kv_transfer_config` below; docs/pipeline.md). One
+ship (`speculative_config`, `kv_transfer_config` below; docs/use/pipeline.md). One
 `speculators generate-offline-data` client per instance takes a contiguous shard of the rows
 (`--world-size N --rank i`). The client skips rows whose file exists, so a rerun resumes; `--fail-on-error` makes a
 row that still fails after its retries fail the stage instead of leaving a silent hole for training
@@ -213,7 +213,7 @@ def notes(ctx: StageContext) -> list[str]:
         )
         if ctx.preset.architecture.is_hybrid:
             out.append(
-                "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (docs/integration-bugs.md, bug 1)"
+                "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (docs/develop/integration-bugs.md, bug 1)"
             )
     else:
         out.append("CPU: the kit's Transformers extractor writes speculators' hs_<row>.safetensors layout")

@@ -1,7 +1,7 @@
 """prepare: speculators' `prepare-data` on the pretokenized rows → a `datasets` folder + token frequencies.
 
 The rows already carry `input_ids` and `loss_mask`, so no `--render-endpoint` is passed and no server runs
-(docs/integration-bugs.md, bug 2). `--overwrite` is always passed: without it `prepare-data` keeps an existing dataset and exits
+(docs/develop/integration-bugs.md, bug 2). `--overwrite` is always passed: without it `prepare-data` keeps an existing dataset and exits
 successfully, so a forced rerun would silently train on stale data (it deletes only its own artifacts).
 `--skip-token-freq` is explicit: the kit trains every draft on the full verifier vocabulary (DFlash2 requires it,
 and SGLang's drafts borrow the target's embedding and LM head), so no vocabulary mapping is built.

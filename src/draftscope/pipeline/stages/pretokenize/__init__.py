@@ -1,7 +1,7 @@
 """pretokenize: chat rows → `{id, input_ids, loss_mask}` rows with the target's own chat template.
 
 speculators' `prepare-data` renders natural-language rows through a running vLLM server (a render endpoint); rows
-that already carry `input_ids` and `loss_mask` pass straight through (docs/integration-bugs.md, bug 2). This stage writes those
+that already carry `input_ids` and `loss_mask` pass straight through (docs/develop/integration-bugs.md, bug 2). This stage writes those
 rows, so `prepare` needs no server. The tokenizing itself, and where the loss mask falls, is `encode.py`.
 
 Output: `pretokenize/rows.jsonl` and `pretokenize/stats.json` (schema `stage-pretokenize`).

@@ -3,7 +3,7 @@
 The loss mask covers the final assistant reply: the tokens after the last `<|im_start|>` and its role line
 (`assistant\\n`), up to and including the reply's `<|im_end|>` — what the target generates, nothing of the prompt
 and not the template's trailing newline. The chat template's output is read by attribute (`.input_ids`):
-`BatchEncoding` stopped passing `isinstance(x, dict)` in a transformers upgrade (docs/integration-bugs.md, bug 3).
+`BatchEncoding` stopped passing `isinstance(x, dict)` in a transformers upgrade (docs/develop/integration-bugs.md, bug 3).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def encode_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]
     """Token ids of a whole conversation through the tokenizer's own chat template.
 
     `apply_chat_template(..., return_dict=True)` returns a `BatchEncoding`; its ids are read as an attribute, which
-    works whether or not that class passes `isinstance(x, dict)` in the installed transformers (docs/integration-bugs.md, bug 3). A plain
+    works whether or not that class passes `isinstance(x, dict)` in the installed transformers (docs/develop/integration-bugs.md, bug 3). A plain
     list (older return form) is accepted as is.
     """
     out = tokenizer.apply_chat_template(list(messages), tokenize=True, return_dict=True)

@@ -1,7 +1,7 @@
 """regen: the target answers every chat prompt itself (on-policy data), served by N vLLM instances.
 
 Each instance gets its own GPU mask (`CUDA_VISIBLE_DEVICES`), tensor-parallel size and port, and never shares a GPU
-with another (docs/integration-bugs.md, bug 5); hybrid (GDN) targets get vLLM's custom all-reduce turned off (docs/integration-bugs.md, bug 1). The
+with another (docs/develop/integration-bugs.md, bug 5); hybrid (GDN) targets get vLLM's custom all-reduce turned off (docs/develop/integration-bugs.md, bug 1). The
 in-container client shards the rows over the instances, retries transient HTTP failures with backoff, resumes by
 row id and ends with every input row either regenerated or in the errors file (`ok + errors == input`, bug 6).
 
@@ -203,7 +203,7 @@ def notes(ctx: StageContext) -> list[str]:
         )
     if ctx.preset.architecture.is_hybrid:
         out.append(
-            "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (docs/integration-bugs.md, bug 1)"
+            "hybrid (GDN) target: --disable-custom-all-reduce --distributed-executor-backend mp (docs/develop/integration-bugs.md, bug 1)"
         )
     return out
 

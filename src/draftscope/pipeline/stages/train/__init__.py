@@ -7,7 +7,7 @@ Every flag the draft depends on is written out, defaults included, so the argv a
   verifier vocabulary (no `--draft-vocab-size`, no token frequencies: `prepare` skips them).
 - dflash: cross-entropy with D-PACE position weights; the anchor is the bonus token (`--no-sample-from-anchor`).
 - dflash2: selector and local-convolution heads, non-causal sliding-window blocks, KL loss with fixed exponential
-  decay, anchor = bonus token, full vocabulary (docs/integration-bugs.md, bug 4).
+  decay, anchor = bonus token, full vocabulary (docs/develop/integration-bugs.md, bug 4).
 - dspark: Markov head and confidence head with their options; sampling from the anchor as configured (SGLang's
   DSPARK worker reads it from the draft's config, which convert writes explicitly).
 
@@ -132,7 +132,7 @@ def trainer_args(ctx: StageContext) -> list[str]:
     epochs = opts.epochs or preset.training.epochs
     lr = opts.lr or preset.training.lr
     # On a CPU: no Triton (eager losses), no flex attention (SDPA), no worker processes; and no auto-resume, which
-    # loads with pin_memory and fails without an accelerator (docs/upstream-facts.md).
+    # loads with pin_memory and fails without an accelerator (docs/develop/upstream-facts.md).
     cpu = ctx.cpu
     for flag, value in (
         ("--epochs", epochs),
