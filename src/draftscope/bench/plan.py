@@ -7,7 +7,6 @@ mounts, environment (values, and credentials passed by name only), GPUs, time li
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -31,16 +30,7 @@ from draftscope.core.presets import (
 from draftscope.core.resources import resolve_path
 from draftscope.core.schema import check
 from draftscope.head.vllm_switch import env_for as prefix_head_env
-from draftscope.runtime.step import (
-    CACHE_MOUNT,
-    CREDENTIALS,
-    FETCH_LIMITS,
-    RUN_MOUNT,
-    Limits,
-    Mount,
-    Step,
-    default_limits,
-)
+from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step, limits_for
 
 
 @dataclass(frozen=True)
@@ -96,15 +86,7 @@ def load_prompts(path: str, limit: int | None = None) -> Prompts:
     data = parse_json(raw, str(resolved), expect=dict)
     check(data, "prompts", str(resolved))
     ids = [p["id"] for p in data["prompts"]]
-    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)  # linear: a prompt file may be large
-    if duplicates:
-        more = f" (and {len(duplicates) - 5} more)" if len(duplicates) > 5 else ""
-        raise UserError(
-            f"duplicate prompt ids {duplicates[:5]}{more}",
-            source=str(resolved),
-            field="prompts[].id",
-            fix="give every prompt a unique id",
-        )
+    datasets.check_unique_ids(ids, str(resolved))
     count = len(datasets.selected(ids, limit))
     return Prompts(str(resolved), hashlib.sha256(raw).hexdigest(), count, len(ids), data.get("source"))
 
@@ -194,7 +176,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
                 mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
                 env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
                 network=True,
-                limits=limits_for(config, gpus=0, fetch=True),
+                limits=limits_for(config.container, gpus=0, fetch=True),
                 credentials=CREDENTIALS,  # the one step that talks to the hub
             )
         )
@@ -211,17 +193,10 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
             gpus=gpus,
             ipc_host=backend.ipc_host,
             network=False,  # weights are local by now: the worker needs no network (and gets no credential)
-            limits=limits_for(config, gpus=gpus),
+            limits=limits_for(config.container, gpus=gpus),
             time_limit_s=config.max_seconds,
             outputs=("manifest.json", "records.jsonl", "summary.json"),
             output_schema="summary",
         )
     )
     return Plan(config, preset, target, draft, prompts, downloads, tuple(steps), tuple(notes))
-
-
-def limits_for(config: ExperimentConfig, *, gpus: int, fetch: bool = False) -> Limits:
-    """A step's container limits: its kind's default, overridden by the experiment's `container:` values."""
-    base = FETCH_LIMITS if fetch else default_limits(gpus)
-    c = config.container
-    return base.override(memory=c.memory, pids=c.pids, shm_size=c.shm_size)

@@ -33,16 +33,7 @@ from draftscope.pipeline.base import (
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
 from draftscope.runtime import Context
-from draftscope.runtime.step import (
-    CACHE_MOUNT,
-    CREDENTIALS,
-    FETCH_LIMITS,
-    RUN_MOUNT,
-    Limits,
-    Mount,
-    Step,
-    default_limits,
-)
+from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step, limits_for
 
 CHAT_MOUNT = f"{INPUTS_MOUNT}/chat.jsonl"
 PROMPTS_MOUNT = f"{INPUTS_MOUNT}/prompts.json"
@@ -129,18 +120,11 @@ def stage_step(stage: Stage, ctx: StageContext) -> Step:
         ipc_host=gpu,  # NCCL / vLLM / SGLang worker processes share memory through /dev/shm
         network=False,  # weights are local; servers listen on the container's own loopback (no credential)
         # A GPU pipeline's CPU stages (pretokenize, prepare) handle the full data set: the host-scale limits.
-        limits=limits_for(ctx.config, gpus=0 if ctx.cpu else -1),
+        limits=limits_for(ctx.config.container, gpus=0 if ctx.cpu else -1),
         time_limit_s=ctx.config.time_limits.get(stage.name),
         outputs=tuple(str(a.path.relative_to(ctx.workdir)) for a in stage.outputs(ctx)),
         output_schema=stage.output_schema,
     )
-
-
-def limits_for(config: PipelineConfig, *, gpus: int, fetch: bool = False) -> Limits:
-    """A step's container limits: its kind's default, overridden by the config's `container:` values."""
-    base = FETCH_LIMITS if fetch else default_limits(gpus)
-    c = config.container
-    return base.override(memory=c.memory, pids=c.pids, shm_size=c.shm_size)
 
 
 def fetch_step(plan: PipelinePlan) -> Step | None:
@@ -158,7 +142,7 @@ def fetch_step(plan: PipelinePlan) -> Step | None:
         mounts=(Mount(str(hub_cache_dir()), CACHE_MOUNT, read_only=False),),
         env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
         network=True,
-        limits=limits_for(config, gpus=0, fetch=True),
+        limits=limits_for(config.container, gpus=0, fetch=True),
         credentials=CREDENTIALS,  # the one step that talks to the hub
     )
 

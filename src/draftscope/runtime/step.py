@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from draftscope.core.presets import ContainerOptions
+
 # Paths inside the containers.
 RUN_MOUNT = "/draftscope/run"
 CACHE_MOUNT = "/draftscope/cache/huggingface"
@@ -56,6 +58,13 @@ GPU_LIMITS = Limits(
 
 def default_limits(gpus: int) -> Limits:
     return CPU_LIMITS if gpus == 0 else GPU_LIMITS
+
+
+def limits_for(container: ContainerOptions, *, gpus: int, fetch: bool = False) -> Limits:
+    """A step's container limits: its kind's default, overridden by the run's `container:` values (an experiment's
+    or a pipeline's)."""
+    base = FETCH_LIMITS if fetch else default_limits(gpus)
+    return base.override(memory=container.memory, pids=container.pids, shm_size=container.shm_size)
 
 
 @dataclass(frozen=True)
