@@ -9,6 +9,8 @@ before a run uses it. An upstream file imported by hand is recognised by its SHA
 from __future__ import annotations
 
 import difflib
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,3 +122,16 @@ def selected(prompts: list[Any], limit: int | None) -> list[Any]:
     """The prompts a run uses: the first `limit` in file order (all when None). Deterministic: the same file and
     limit give the same prompts, and the run's config records the limit (`max_prompts`)."""
     return prompts if limit is None else prompts[:limit]
+
+
+def check_unique_ids(ids: Sequence[str], source: str) -> None:
+    """Refuse a prompt file whose ids repeat (records and comparisons are keyed by id), naming the first few."""
+    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)  # linear: a prompt file may be large
+    if duplicates:
+        more = f" (and {len(duplicates) - 5} more)" if len(duplicates) > 5 else ""
+        raise UserError(
+            f"duplicate prompt ids {duplicates[:5]}{more}",
+            source=source,
+            field="prompts[].id",
+            fix="give every prompt a unique id",
+        )

@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftscope.core import acceptance
+from draftscope.core import acceptance, datasets
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, read_json
 from draftscope.core.schema import check
@@ -318,13 +317,5 @@ def _load_prompts(path: str) -> list[dict[str, Any]]:
     data = read_json(Path(path), expect=dict)
     check(data, "prompts", path)
     ids = [p["id"] for p in data["prompts"]]
-    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)  # linear: a prompt file may be large
-    if duplicates:
-        more = f" (and {len(duplicates) - 5} more)" if len(duplicates) > 5 else ""
-        raise UserError(
-            f"duplicate prompt ids {duplicates[:5]}{more}",
-            source=path,
-            field="prompts[].id",
-            fix="give every prompt a unique id",
-        )
+    datasets.check_unique_ids(ids, path)
     return data["prompts"]
