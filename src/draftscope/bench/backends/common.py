@@ -1,5 +1,5 @@
-"""Pieces every backend shares: dtype policy, lazy imports with an actionable error, prompt hashing, and the
-refusals more than one backend's config checks raise."""
+"""Pieces every backend shares: dtype policy, lazy imports with an actionable error, prompt hashing and
+encoding, and the refusals more than one backend's config checks raise."""
 
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ def need(module: str, *, extra: str | None = None, image: str | None = None) -> 
 def prompt_sha256(messages: Sequence[Mapping[str, Any]]) -> str:
     canonical = json.dumps(list(messages), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def chat_token_ids(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """A prompt's token ids through the tokenizer's chat template, with the generation prompt appended."""
+    # Read by attribute: BatchEncoding is not a dict subclass in transformers 5
+    # (docs/develop/integration-bugs.md, bug 3).
+    encoded = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    ids = getattr(encoded, "input_ids", encoded)
+    return [int(i) for i in ids]
 
 
 def choose_dtype(requested: str, device: str, capability: tuple[int, int] | None) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from draftscope import tiny
-from draftscope.bench.backends.common import choose_dtype, need
+from draftscope.bench.backends.common import chat_token_ids, choose_dtype, need
 from draftscope.bench.backends.transformers import BACKEND
 from draftscope.core.errors import UserError
 from draftscope.core.presets import ExperimentConfig, ModelPreset, resolve_target
@@ -97,12 +97,7 @@ class TransformersBackend:
         self.config = config
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        # Chat-template output is read by attribute: BatchEncoding is not a dict subclass in transformers 5.
-        encoded = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        ids = getattr(encoded, "input_ids", encoded)
-        return [int(i) for i in ids]
+        return chat_token_ids(self.tokenizer, messages)
 
     def generate(self, input_ids: list[int], *, max_new_tokens: int, ignore_eos: bool):
         # lazy: torch and transformers, in the backend's image at run time

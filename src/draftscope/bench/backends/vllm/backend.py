@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from draftscope.bench.backends.common import need
+from draftscope.bench.backends.common import chat_token_ids, need
 from draftscope.bench.backends.vllm import BACKEND, cpu
 from draftscope.bench.backends.vllm.config import (
     OOM_MARKERS,
@@ -328,12 +328,7 @@ class VllmBackend:
         }
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        # Read by attribute: BatchEncoding is not a dict subclass in transformers 5 (docs/develop/integration-bugs.md, bug 3).
-        encoded = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        ids = getattr(encoded, "input_ids", encoded)
-        return [int(i) for i in ids]
+        return chat_token_ids(self.tokenizer, messages)
 
     def generate(self, input_ids: list[int], *, max_new_tokens: int, ignore_eos: bool):
         # lazy: torch and transformers, in the vLLM image at run time
