@@ -14,7 +14,11 @@ from draftscope.pipeline.base import (
     Entry,
     Stage,
     StageContext,
+    bool_flag,
+    dflash2_head_args,
+    dspark_head_args,
     kit_argv,
+    mask_token_args,
     model_artifacts,
     served_context_length,
     tokenizer_artifacts,
@@ -46,35 +50,14 @@ def expected_args(ctx: StageContext) -> list[str]:
         "--max-context",
         str(served_context_length(ctx)),
     ]
-    if preset.dflash.mask_token_id is not None:
-        args += ["--mask-token-id", str(preset.dflash.mask_token_id)]
+    args += mask_token_args(preset)
     if preset.architecture.hidden_size is not None:
         args += ["--hidden-size", str(preset.architecture.hidden_size)]
     if config.draft == "dflash2":
-        d2 = config.train.dflash2
-        args += [
-            "--conv-kernel-size",
-            str(d2.conv_kernel_size),
-            "--conv-group-size",
-            str(d2.conv_group_size),
-            "--selector-rank",
-            str(d2.selector_rank),
-            "--selector-top-k",
-            str(d2.selector_top_k),
-        ]
+        args += dflash2_head_args(config.train.dflash2)
     if config.draft == "dspark":
         ds = config.train.dspark
-        args += [
-            "--markov-rank",
-            str(ds.markov_rank),
-            "--markov-head-type",
-            ds.markov_head_type,
-            "--enable-confidence-head" if ds.enable_confidence_head else "--no-enable-confidence-head",
-            "--confidence-head-with-markov"
-            if ds.confidence_head_with_markov
-            else "--no-confidence-head-with-markov",
-            "--sample-from-anchor" if ds.sample_from_anchor else "--no-sample-from-anchor",
-        ]
+        args += [*dspark_head_args(ds), bool_flag("sample-from-anchor", ds.sample_from_anchor)]
     return args
 
 

@@ -25,7 +25,11 @@ from draftscope.pipeline.base import (
     Artifact,
     Stage,
     StageContext,
+    bool_flag,
+    dflash2_head_args,
+    dspark_head_args,
     exec_argv,
+    mask_token_args,
     model_artifacts,
     speculators_layer_ids,
 )
@@ -44,10 +48,6 @@ def gpus(ctx: StageContext) -> tuple[int, ...]:
     if ctx.cpu:
         return ()
     return tuple(ctx.config.train.gpus) or tuple(range(ctx.preset.training.nproc_per_node))
-
-
-def _flag(name: str, value: bool) -> str:
-    return f"--{name}" if value else f"--no-{name}"
 
 
 def trainer_args(ctx: StageContext) -> list[str]:
@@ -95,21 +95,13 @@ def trainer_args(ctx: StageContext) -> list[str]:
         "--sliding-window",
         str(opts.sliding_window),
     ]
-    if preset.dflash.mask_token_id is not None:
-        args += ["--mask-token-id", str(preset.dflash.mask_token_id)]
+    args += mask_token_args(preset)
     if draft == "dflash2":
         d2 = opts.dflash2
         args += [
             "--sliding-window-non-causal",
             "--no-sample-from-anchor",
-            "--conv-kernel-size",
-            str(d2.conv_kernel_size),
-            "--conv-group-size",
-            str(d2.conv_group_size),
-            "--selector-rank",
-            str(d2.selector_rank),
-            "--selector-top-k",
-            str(d2.selector_top_k),
+            *dflash2_head_args(d2),
             "--selector-loss-alpha",
             str(d2.selector_loss_alpha),
         ]
@@ -117,13 +109,8 @@ def trainer_args(ctx: StageContext) -> list[str]:
         ds = opts.dspark
         args += [
             "--no-sliding-window-non-causal",
-            _flag("sample-from-anchor", ds.sample_from_anchor),
-            "--markov-rank",
-            str(ds.markov_rank),
-            "--markov-head-type",
-            ds.markov_head_type,
-            _flag("enable-confidence-head", ds.enable_confidence_head),
-            _flag("confidence-head-with-markov", ds.confidence_head_with_markov),
+            bool_flag("sample-from-anchor", ds.sample_from_anchor),
+            *dspark_head_args(ds),
             "--confidence-head-alpha",
             str(ds.confidence_head_alpha),
         ]
