@@ -133,8 +133,9 @@ def commands(ctx: StageContext) -> list[Command]:
     return [server_command(ctx, i) for i in found] + [client_command(ctx, i, len(found)) for i in found]
 
 
-def argv(ctx: StageContext) -> list[str]:
-    common = [
+def data_args(ctx: StageContext) -> list[str]:
+    """What every hsextract command reads and writes: the dataset, the hidden states, the summary, the layers."""
+    return [
         "--data",
         ctx.layout.at("prepare"),
         "--output",
@@ -144,6 +145,10 @@ def argv(ctx: StageContext) -> list[str]:
         "--layer-ids",
         *map(str, captured_layer_ids(ctx.preset)),
     ]
+
+
+def argv(ctx: StageContext) -> list[str]:
+    common = data_args(ctx)
     if uses_vllm(ctx):
         return kit_argv(
             ctx,
@@ -174,18 +179,7 @@ def argv(ctx: StageContext) -> list[str]:
 def check_argv(ctx: StageContext) -> list[str]:
     """The whole-output check of a Slurm job array's result (`python -m draftscope.pipeline hsextract-check`):
     every row has its file, sampled shapes; writes the stage's summary and result as a single run does."""
-    args = [
-        "--data",
-        ctx.layout.at("prepare"),
-        "--output",
-        ctx.layout.at("hidden_states"),
-        "--summary",
-        ctx.layout.at("hsextract", "summary.json"),
-        "--layer-ids",
-        *map(str, captured_layer_ids(ctx.preset)),
-        "--extractor",
-        "vllm" if uses_vllm(ctx) else "transformers",
-    ]
+    args = [*data_args(ctx), "--extractor", "vllm" if uses_vllm(ctx) else "transformers"]
     if uses_vllm(ctx):
         args += ["--hidden-size", str(ctx.preset.architecture.hidden_size)]
     return kit_argv(ctx, NAME, CHECK, args)

@@ -79,6 +79,8 @@ def server_command(ctx: StageContext, inst) -> Command:
     """One target server: vLLM's OpenAI server (`vllm serve` on the instance's GPUs; its module on a CPU), or the
     kit's loopback stand-in for the CPU tiny path."""
     opts = ctx.config.regen
+    # Both servers answer the client alike: the same model name, on the container's own loopback.
+    listen = ["--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(inst.port)]
     if server_kind(ctx) == TINYSERVE:
         argv = [
             "python",
@@ -89,24 +91,14 @@ def server_command(ctx: StageContext, inst) -> Command:
             ctx.layout.model,
             "--tokenizer",
             ctx.layout.tokenizer,
-            "--served-model-name",
-            SERVED_NAME,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(inst.port),
+            *listen,
         ]
         return Command(f"server-{inst.index}", tuple(argv), port=inst.port)
     model = staged_model(ctx) or ctx.layout.model
     launch = [*VLLM_CPU_SERVER, "--model", model] if ctx.cpu else ["vllm", "serve", model]
     argv = [
         *launch,
-        "--served-model-name",
-        SERVED_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(inst.port),
+        *listen,
         "--tensor-parallel-size",
         str(inst.tp),
         "--max-model-len",
