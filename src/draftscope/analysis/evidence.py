@@ -334,19 +334,6 @@ def _check_measurement(root: Path, path: Path, protocol: dict | None) -> Finding
     return finding
 
 
-def _check_links(root: Path, study: Path, comp: Path) -> Finding:
-    """A comparison whose runs are in the same study's evidence must name exactly those runs (manifest hash)."""
-    rel = comp.relative_to(root).as_posix()
-    doc = read_json(comp, expect=dict)
-    for role in ("base", "candidate"):
-        run = study / "runs" / doc[role]["run_id"]
-        if (run / MANIFEST).is_file() and sha256_file(run / MANIFEST) != doc[role]["manifest_sha256"]:
-            return Finding(
-                False, rel, f"(comparison) its {role} manifest hash differs from {run.relative_to(root)}"
-            )
-    return Finding(True, rel, "(comparison)")
-
-
 def _verdict(rel: str, schema: str, problems: list[str]) -> Finding:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -16,13 +16,11 @@ from typing import Any, Literal
 from draftscope.core.config import build, deep_merge, load_yaml, parse_opts, to_dict, validated
 from draftscope.core.errors import UserError
 from draftscope.core.presets import ContainerOptions, ModelPreset, load_model_preset
-from draftscope.core.resources import presets_dir
 
 DRAFTS = ("dflash", "dflash2", "dspark")
 DEFAULT_DRAFT = "dflash"
 DEFAULT_PRESET = "qwen38-27b"
 SCHEMA = "pipeline-config"
-PIPELINE_PRESETS = "pipelines"
 TINY_CHAT = "examples/chat.jsonl"
 
 
@@ -212,25 +210,16 @@ class Resolved:
     source: str
 
 
-def pipeline_preset_names() -> list[str]:
-    folder = presets_dir() / PIPELINE_PRESETS
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
-
-
 def _config_file(name: str) -> Path:
-    """A run config by path, or by the name of a file in presets/pipelines/."""
-    candidate = Path(name)
-    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-        return candidate
-    preset = presets_dir() / PIPELINE_PRESETS / f"{name}.yaml"
-    if preset.is_file():
-        return preset
-    known = ", ".join(pipeline_preset_names()) or "none"
+    """A run config: the path of a YAML file (its fields: schemas/pipeline-config.schema.json)."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
     raise UserError(
         "run config not found",
         field="--config",
         value=name,
-        fix=f"give a YAML file path or one of the pipeline presets ({known})",
+        fix="give the path of a YAML run config file (.yaml or .yml)",
     )
 
 

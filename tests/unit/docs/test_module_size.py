@@ -1,4 +1,4 @@
-"""Modules of roughly 50–400 lines (STYLE): a longer one says at its top why it stays one module."""
+"""Modules of roughly 50–400 lines: a longer one says at its top why it stays one module."""
 
 from __future__ import annotations
 

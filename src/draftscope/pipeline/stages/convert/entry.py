@@ -5,7 +5,7 @@ and speculators), then `checkpoint.convert`."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -107,7 +107,3 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     report = convert(checkpoint, Path(args.output), expected, probe=probe)
     probed = sum(row["field"].startswith("probe:") for row in report["checks"])
     return {"checks": len(report["checks"]), "epoch": int(checkpoint.name), "mask_probe_checks": probed}
-
-
-def checks_summary(rows: Sequence[Mapping[str, Any]]) -> str:
-    return f"{sum(r['ok'] for r in rows)}/{len(rows)} checks passed"
