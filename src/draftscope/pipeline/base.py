@@ -29,7 +29,7 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.hub import hub_cache_dir, hub_snapshot
 from draftscope.core.presets import ModelPreset
-from draftscope.pipeline.config import DFlash2Options, DSparkOptions, Instance, PipelineConfig
+from draftscope.pipeline.config import Instance, PipelineConfig
 from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount
 from draftscope.tiny.assets import assets_dir
 
@@ -232,46 +232,6 @@ def speculators_layer_ids(preset: ModelPreset) -> list[int]:
 def captured_layer_ids(preset: ModelPreset) -> list[int]:
     """Every hidden-state index extracted per row: the auxiliary ones, then the final layer's (= layer count)."""
     return [*speculators_layer_ids(preset), preset.architecture.num_layers]
-
-
-# --- the draft's geometry flags, written alike by train (what it trains) and convert (what it checks) ---------
-
-
-def bool_flag(name: str, value: bool) -> str:
-    """`--NAME` or `--no-NAME`: a switch written out either way, so the argv alone says what was set."""
-    return f"--{name}" if value else f"--no-{name}"
-
-
-def mask_token_args(preset: ModelPreset) -> list[str]:
-    """`--mask-token-id` when the preset names the mask token; nothing otherwise."""
-    mask = preset.dflash.mask_token_id
-    return [] if mask is None else ["--mask-token-id", str(mask)]
-
-
-def dflash2_head_args(opts: DFlash2Options) -> list[str]:
-    """DFlash2's local-convolution and selector heads."""
-    return [
-        "--conv-kernel-size",
-        str(opts.conv_kernel_size),
-        "--conv-group-size",
-        str(opts.conv_group_size),
-        "--selector-rank",
-        str(opts.selector_rank),
-        "--selector-top-k",
-        str(opts.selector_top_k),
-    ]
-
-
-def dspark_head_args(opts: DSparkOptions) -> list[str]:
-    """DSpark's Markov head and confidence head."""
-    return [
-        "--markov-rank",
-        str(opts.markov_rank),
-        "--markov-head-type",
-        opts.markov_head_type,
-        bool_flag("enable-confidence-head", opts.enable_confidence_head),
-        bool_flag("confidence-head-with-markov", opts.confidence_head_with_markov),
-    ]
 
 
 # --- server instances: GPU masks, tensor parallelism, ports (docs/develop/integration-bugs.md, bug 5) -----------------------------

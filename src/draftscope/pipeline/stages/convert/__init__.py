@@ -14,15 +14,12 @@ from draftscope.pipeline.base import (
     Entry,
     Stage,
     StageContext,
-    bool_flag,
-    dflash2_head_args,
-    dspark_head_args,
     kit_argv,
-    mask_token_args,
     model_artifacts,
     served_context_length,
     tokenizer_artifacts,
 )
+from draftscope.pipeline.draft_flags import bool_flag, dflash2_head_args, dspark_head_args, mask_token_args
 from draftscope.pipeline.stages.convert import checkpoint, entry
 
 NAME = "convert"

@@ -25,14 +25,11 @@ from draftscope.pipeline.base import (
     Artifact,
     Stage,
     StageContext,
-    bool_flag,
-    dflash2_head_args,
-    dspark_head_args,
     exec_argv,
-    mask_token_args,
     model_artifacts,
     speculators_layer_ids,
 )
+from draftscope.pipeline.draft_flags import bool_flag, dflash2_head_args, dspark_head_args, mask_token_args
 
 NAME = "train"
 
