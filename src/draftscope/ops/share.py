@@ -422,6 +422,25 @@ def top_folder(run: Path, manifest: Mapping[str, Any]) -> str:
     return check_run_id(Path(os.path.abspath(run)).name, source=str(run), field="the run directory's name")
 
 
+# The bundle is one format, a gzip'd tar (`tar xzf`), so its name says so; a name that says another format (a .zip
+# that no zip tool opens) is refused rather than written.
+SUFFIXES = (".tar.gz", ".tgz")
+_OTHER_SUFFIXES = (".tar.bz2", ".tar.xz", ".tar.zst", ".tar", ".zip", ".gz", ".tbz2", ".txz", ".7z")
+
+
+def _check_suffix(output: Path) -> None:
+    name = output.name
+    if name.lower().endswith(SUFFIXES):
+        return
+    stem = next((name[: -len(s)] for s in _OTHER_SUFFIXES if name.lower().endswith(s)), name) or "bundle"
+    raise UserError(
+        "the bundle is a gzip'd tar archive, and this name does not end .tar.gz or .tgz",
+        field="--output",
+        value=str(output),
+        fix=f"name it {output.with_name(stem + '.tar.gz')} (unpack with tar xzf)",
+    )
+
+
 def _check_output(run: Path, output: Path) -> None:
     check_output_path(output, "--output")
     if output.exists() or output.is_symlink():
@@ -439,6 +458,7 @@ def _check_output(run: Path, output: Path) -> None:
             value=str(output),
             fix="write it next to the run, e.g. --output bundle.tar.gz",
         )
+    _check_suffix(output)
 
 
 def _other_files(run: Path, packed: set[str]) -> list[str]:

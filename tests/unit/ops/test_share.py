@@ -280,11 +280,39 @@ def test_refusals_leave_everything_unchanged(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "name, fix",
+    [
+        ("bundle.zip", "bundle.tar.gz"),
+        ("bundle.tar", "bundle.tar.gz"),
+        ("bundle.tar.xz", "bundle.tar.gz"),
+        ("bundle", "bundle.tar.gz"),
+        ("run.json.gz", "run.json.tar.gz"),
+    ],
+)
+def test_a_name_that_says_another_format_is_refused_naming_the_fix(tmp_path, name, fix):
+    run = make_run(tmp_path)
+    with pytest.raises(UserError) as err:
+        pack(run, tmp_path / name, collect=host)
+    line = err.value.render()
+    assert "gzip'd tar" in line and "--output" in line and str(tmp_path / name) in line, line
+    assert f"fix: name it {tmp_path / fix}" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["R1"]
+
+
+@pytest.mark.parametrize("name", ["b.tgz", "B.TAR.GZ"])
+def test_a_tgz_name_is_a_gzipd_tar_too(tmp_path, name):
+    pack(make_run(tmp_path), tmp_path / name, collect=host)
+    with tarfile.open(tmp_path / name, "r:gz") as tar:
+        assert "R1/manifest.json" in tar.getnames()
+
+
+@pytest.mark.parametrize(
     "args, needle",
     [
         (["R1"], "--output"),
         (["R1", "--output", "old.tar.gz"], "already exists"),
         (["missing", "--output", "x.tar.gz"], "no such run directory"),
+        (["R1", "--output", "bundle.zip"], "(got 'bundle.zip'); fix: name it bundle.tar.gz"),
     ],
 )
 def test_cli_errors_are_one_line(tmp_path, args, needle):
