@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftscope.analysis import stats
+from draftscope.analysis import stats, verdict
 from draftscope.analysis.load import Run
 from draftscope.analysis.output import refuse_existing, write_new
 from draftscope.core import schema as schemas
@@ -255,7 +255,11 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
             + doc["verdict"]["reason"],
         ]
     else:
-        lines = [f"{decision}: {pair} at a {doc['threshold']:.2%} threshold", f"  {doc['verdict']['reason']}"]
+        lines = [
+            f"{decision}: {pair} at a {doc['threshold']:.2%} threshold",
+            f"  in short: {verdict.sentence(doc)}",
+            f"  {doc['verdict']['reason']}",
+        ]
     lines.append(
         f"  median latency ratio (candidate/base) {doc['median_ratio']:.4f}"
         + (f", {doc['confidence']:.0%} CI [{ci['low']:.4f}, {ci['high']:.4f}]" if ci else ", no interval")
@@ -271,8 +275,11 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
         )
     t = doc["throughput"]["request_tok_s"]
     if t["base"] and t["candidate"]:
+        # Not the speed measure (the paired latency ratio above is): medians over all records, unpaired, decode
+        # and prefill mixed — on a noisy machine it can point the other way, so it says what it is.
         lines.append(
-            f"  request tok/s: base {t['base']['median']:.1f}, candidate {t['candidate']['median']:.1f}"
+            f"  request tok/s, unpaired medians over all records (not the verdict's measure): base "
+            f"{t['base']['median']:.1f}, candidate {t['candidate']['median']:.1f}"
             + (f" (×{t['ratio']:.3f})" if t["ratio"] else "")
         )
     tok = doc["tokens"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftscope.analysis import verdict
 from draftscope.analysis.load import Run
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
@@ -60,6 +61,7 @@ class Shown:
         speedup = self.speedup
         return {
             "pair": self.title,
+            "sentence": verdict.sentence(doc),
             "speedup": f"{speedup:.3f}×" if speedup else "—",
             "interval": f"[{interval[0]:.3f}×, {interval[1]:.3f}×] ({doc['confidence']:.0%})"
             if interval

@@ -196,6 +196,30 @@ def make_figures(runs: Sequence[Run]) -> list[FigureFile]:
     return out
 
 
+def comparison_figures(shown: Sequence[Shown]) -> list[FigureFile]:
+    """The speedup of every comparison in one figure (it answers "Is it faster?"), then each comparison's
+    per-prompt ratios; none without comparisons."""
+    if not shown:
+        return []
+    out = [
+        FigureFile(
+            "speedup.png",
+            "Is it faster? Speedup with its interval",
+            figures.speedup_figure([c.doc for c in shown]),
+        )
+    ]
+    seen: set[str] = set()
+    for c in shown:
+        name = f"comparison-{_safe(c.path.stem)}.png"
+        while name in seen:
+            name = name.replace(".png", "-1.png")
+        seen.add(name)
+        out.append(
+            FigureFile(name, f"Per-prompt latency ratios: {c.title}", figures.comparison_figure(c.doc))
+        )
+    return out
+
+
 def per_prompt_table(runs: Sequence[Run]) -> tuple[list[str], list[list[str]]]:
     """Rows: prompts (joined on the hash); columns: median request tok/s of each run ('—' where missing)."""
     order: dict[str, str] = {}
@@ -234,7 +258,9 @@ def write_report(
     """Create `folder` (it must not exist) with report.md, report.html and the PNG figures; returns the files.
     The comparisons of these runs (`analysis.comparisons.find_comparisons`) lead the report when there are any;
     with `sort` (a metric of `analysis.leaderboard`), a leaderboard of the runs comes first under Runs."""
-    figs = make_figures(runs)  # before creating anything: a plotting failure leaves no half-made folder
+    # Before creating anything: a plotting failure leaves no half-made folder.
+    speed = comparison_figures(comparisons)
+    figs = [*speed[1:], *make_figures(runs)]
     folder = make_new_dir(Path(folder), "--report")
     rows = [run_row(r) for r in runs]
     header, body = per_prompt_table(runs)
@@ -245,6 +271,7 @@ def write_report(
         "rows": rows,
         "runs": runs,
         "figures": figs,
+        "speed_figure": speed[0] if speed else None,
         "prompt_header": header,
         "prompt_rows": body,
         "partial": [r.run_id for r in runs if r.partial],
@@ -257,7 +284,7 @@ def write_report(
     }
     env = _environment()
     written = []
-    for fig in figs:
+    for fig in speed[:1] + figs:
         write_new(folder / fig.name, fig.png, "--report")
         written.append(folder / fig.name)
     for name in ("report.md", "report.html"):

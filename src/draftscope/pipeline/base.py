@@ -29,6 +29,7 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.hub import hub_cache_dir, hub_snapshot
 from draftscope.core.presets import ModelPreset
+from draftscope.core.progress import Probe
 from draftscope.pipeline.config import Instance, PipelineConfig
 from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount
 from draftscope.tiny.assets import assets_dir
@@ -154,6 +155,9 @@ class Stage:
     cpu_refusal: str | None = None  # why it cannot run with `device: cpu`, when it cannot
     # Reads what it takes from outside the workdir before anything is written, so a malformed file leaves no state.
     check_inputs: Callable[[StageContext], None] = lambda ctx: None
+    # Its live progress read from its log (a `core.progress` probe, made when the stage starts); without one the
+    # runner counts rows, or shows the log's last line.
+    progress: Callable[[Path], Probe] | None = None
 
 
 # --- paths ---------------------------------------------------------------------------------------------------

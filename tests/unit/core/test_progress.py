@@ -17,6 +17,7 @@ from draftscope.bench.progress import Progress, RecordsProbe
 from draftscope.core.progress import TAIL_PREFIX, Reading, Watch, complete_lines, print_tail
 from draftscope.pipeline.base import Artifact
 from draftscope.pipeline.progress import StageProbe
+from draftscope.pipeline.stages.train import STAGE as TRAIN
 
 
 def record(i: int) -> str:
@@ -182,9 +183,11 @@ def test_stage_probe_counts_rows_of_the_input(tmp_path: Path) -> None:
     errors.write_text("{}\n")
     log.write_text("server up\n\nrow 6 done\n")
     assert probe() == Reading(6, 8, note="row 6 done")
-    train = StageProbe(SimpleNamespace(inputs=[], outputs=[Artifact("dataset", tmp_path)]), log)  # type: ignore[arg-type]
-    assert train() == Reading(note="row 6 done") and train.unit == "steps" and probe.unit == "rows"
-    log.write_text("Training epoch 2/20 started\nloss=3.1,\nglobal_step=12\n")
-    assert train() == Reading(12, note="epoch 2/20; global_step=12")
-    log.write_text("global_step=13\n")  # the epoch's line has left the tail
-    assert train() == Reading(13, note="epoch 2/20; global_step=13")
+    other = StageProbe(SimpleNamespace(inputs=[], outputs=[Artifact("dataset", tmp_path)]), log)  # type: ignore[arg-type]
+    assert other() == Reading(note="row 6 done") and probe.unit == "rows"
+    # A stage with a probe of its own (train: tests/unit/pipeline/test_train_progress.py) reads through it.
+    train = StageProbe(SimpleNamespace(stage=TRAIN, inputs=[], outputs=[]), log)  # type: ignore[arg-type]
+    assert train.unit == "steps"
+    with log.open("a") as fh:
+        fh.write("INFO     Training epoch 2/20 started\n   train/loss=3.1,\n   global_step=12\n")
+    assert train() == Reading(13, note="epoch 2/20, loss 3.100, ETA once epoch 2 ends")

@@ -30,6 +30,7 @@ from draftscope.pipeline.base import (
     speculators_layer_ids,
 )
 from draftscope.pipeline.draft_flags import bool_flag, dflash2_head_args, dspark_head_args, mask_token_args
+from draftscope.pipeline.stages.train.progress import TrainProgress
 
 NAME = "train"
 
@@ -187,4 +188,5 @@ STAGE = Stage(
     argv=argv,
     env=env,
     notes=notes,
+    progress=TrainProgress,
 )
