@@ -6,6 +6,7 @@ The only place that imports heavy runtimes (torch, vLLM, SGLang, speculators), l
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,20 @@ from draftscope import __version__
 from draftscope.core import hub
 from draftscope.core.errors import UserError, run_main
 from draftscope.core.provenance import versions
+
+# Modules that declare environment variables of their own (`core.settings.declare`, beside the code reading them),
+# imported before the settings page is written so that it lists them too; tests/unit/core/test_settings.py checks
+# that every module calling `declare` is here. The Slurm launcher's `execute/slurm/env.py` joins when it has one.
+SETTINGS_MODULES: tuple[str, ...] = ()
+
+
+def settings_page() -> str:
+    """docs/settings.md: every declared environment variable, the domain modules' included."""
+    from draftscope.core import settings
+
+    for name in SETTINGS_MODULES:
+        importlib.import_module(name)
+    return settings.markdown()
 
 
 def selfcheck() -> dict[str, object]:
@@ -55,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--algorithm", default="DFLASH", help="with --draft: the speculative algorithm (DFLASH)"
     )
+    page = sub.add_parser(
+        "settings", help="print the environment variables the kit reads, passes on or sets (docs/settings.md)"
+    )
+    page.add_argument("--output", help="file to write, e.g. docs/settings.md (default: print it)")
     aot = sub.add_parser(
         "head-aot",
         help="compile the prefix head's Triton kernels for CUDA architectures into a Triton cache, without a GPU, "
@@ -101,6 +120,12 @@ def command(args: argparse.Namespace) -> int:
         return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
     elif args.command == "head-aot":
         return head_aot(args)
+    elif args.command == "settings":
+        text = settings_page()
+        if args.output:
+            _write(args.output, text, "the settings page")
+        else:
+            sys.stdout.write(text)
     elif args.command == "sbom":
         from draftscope.core import sbom
         from draftscope.core.images import IMAGES
@@ -111,19 +136,23 @@ def command(args: argparse.Namespace) -> int:
             )
         text = sbom.dumps(sbom.bom(args.image))
         if args.output:
-            try:
-                with open(args.output, "w", encoding="utf-8") as out:
-                    out.write(text)
-            except OSError as exc:
-                raise UserError(
-                    f"cannot write the SBOM: {exc.strerror}",
-                    field="--output",
-                    value=args.output,
-                    fix="pass a file in an existing, writable folder",
-                ) from None
+            _write(args.output, text, "the SBOM")
         else:
             sys.stdout.write(text)
     return 0
+
+
+def _write(path: str, text: str, what: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        raise UserError(
+            f"cannot write {what}: {exc.strerror}",
+            field="--output",
+            value=path,
+            fix="pass a file in an existing, writable folder",
+        ) from None
 
 
 def head_aot(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from draftscope.bench.plan import Plan, plan_benchmark
 from draftscope.bench.progress import Progress
 from draftscope.bench.stopping import expired, signal_words, stop_leftover_step, unfinished
 from draftscope.bench.worker import FAILPOINT
-from draftscope.core import hardware
+from draftscope.core import hardware, settings
 from draftscope.core.config import to_dict
 from draftscope.core.datasets import selected
 from draftscope.core.errors import UserError
@@ -140,8 +140,8 @@ def run_benchmark(
             run.update(images=images)
             for text in notes:
                 run.note(text)
-            if os.environ.get(FAILPOINT):
-                run.note(f"fault injection was active: {FAILPOINT}={os.environ[FAILPOINT]}")
+            if settings.DRAFTSCOPE_FAILPOINT.raw():
+                run.note(f"fault injection was active: {FAILPOINT}={settings.DRAFTSCOPE_FAILPOINT.raw()}")
             run.set_status("running")
             outcome = _run_steps(plan, runtime, ctx, run, say, steps, explain)
             signals.shield()  # the steps are over: a signal from here on no longer aborts their record

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from draftscope.bench import backends
 from draftscope.bench.backends import Backend
 from draftscope.bench.backends.common import decode_tok_s, prompt_sha256
+from draftscope.core import settings
 from draftscope.core.config import build
 from draftscope.core.datasets import selected
 from draftscope.core.errors import UserError
@@ -31,7 +31,7 @@ from draftscope.core.rundir import RunDir
 WORKER_FACTS = "worker.json"
 # Fault injection for the reliability and container tests: `after-records:N:exit:CODE` ends the worker with CODE
 # once N records are written (0: before the first). The supervisor notes in the manifest when one was set.
-FAILPOINT = "DRAFTSCOPE_FAILPOINT"
+FAILPOINT = settings.DRAFTSCOPE_FAILPOINT.name
 WARMUP_TOKENS = 8
 
 
@@ -147,14 +147,14 @@ def run(run_dir: Path) -> int:
 
 
 def _failpoint(written: int) -> None:
-    spec = os.environ.get(FAILPOINT)
-    if not spec:
+    spec = settings.DRAFTSCOPE_FAILPOINT.get()  # (N, CODE); None when unset; malformed: a UserError
+    if spec is None:
         return
-    match = re.fullmatch(r"after-records:(\d+):exit:(\d+)", spec)
-    if match is None:
-        raise UserError(
-            "malformed fault-injection spec", field=FAILPOINT, value=spec, fix="use after-records:N:exit:CODE"
+    after, code = spec
+    if written == int(after):
+        print(
+            f"failpoint {settings.DRAFTSCOPE_FAILPOINT.raw()}: exiting with code {code}",
+            file=sys.stderr,
+            flush=True,
         )
-    if written == int(match[1]):
-        print(f"failpoint {spec}: exiting with code {match[2]}", file=sys.stderr, flush=True)
-        os._exit(int(match[2]))
+        os._exit(int(code))

@@ -7,7 +7,6 @@ the argv the task would run, then stops.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     I.lock_entry(name, lock)
     arch = None
     if name == "vllm":
-        arch, _ = I.detect_cuda_arch(cuda_arch, os.environ)
+        arch, _ = I.detect_cuda_arch(cuda_arch)
     wheel = sha256 = None
     if torch_wheel:
         wheel, sha256 = I.torch_wheel(root, torch_wheel)
@@ -68,7 +67,7 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     request = I.BuildRequest(
         engine=engine,
         revision=commit,
-        epoch=I.source_date_epoch(os.environ, commit_time),
+        epoch=I.source_date_epoch(None, commit_time),
         cuda_arch=arch if name == "vllm" else cuda_arch,
         base_image=base_image,
         torch_wheel=wheel,

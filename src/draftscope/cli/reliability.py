@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from typing import Any
 from invoke import Exit
 
 from draftscope.cli.command import command, parse_int
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.resources import repo_root
@@ -39,7 +39,7 @@ def reliability(c, seed=None, pytest_args="", workers=2):
     spread = parse_int(workers, "--workers", minimum=0, maximum=64)
     with tempfile.TemporaryDirectory(prefix="draftscope-reliability-") as tmp:
         out = Path(tmp) / "figures.json"
-        env = {**os.environ, FIGURES_ENV: str(out), SEED_ENV: str(chosen)}
+        env = settings.child_env({FIGURES_ENV: str(out), SEED_ENV: str(chosen)})
         argv = [
             sys.executable,
             "-m",

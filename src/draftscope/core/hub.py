@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
@@ -38,10 +39,11 @@ def check_pinned(revision: str | None, *, field: str = "revision", what: str = "
 
 def hub_cache_dir() -> Path:
     """Where hub downloads land on the host: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else ~/.cache/huggingface/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return Path(home) / "hub"
+    cache = settings.HF_HUB_CACHE.get()
+    if cache is not None:
+        return cache
+    home = settings.HF_HOME.get() or Path(os.path.expanduser("~")) / ".cache" / "huggingface"
+    return home / "hub"
 
 
 def hub_snapshot(cache: str, repo: str, revision: str) -> str:

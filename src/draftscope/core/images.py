@@ -6,13 +6,12 @@ The rest of the image machinery (Dockerfiles, lock files, build/push/pull argv) 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from draftscope import __version__
-from draftscope.core import schema
+from draftscope.core import schema, settings
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.resources import repo_root as _checkout
@@ -24,7 +23,7 @@ IMAGES = ("transformers", "vllm", "train", "sglang", "vllm-cpu")
 LOCK_FILE = "images.lock.json"
 # A lock file other than the checkout's: a reviewer's copy that records where the images were published
 # (`make kick-the-tires` writes one for its loopback registry). Every reader of the lock honours it.
-LOCK_ENV = "DRAFTSCOPE_IMAGES_LOCK"
+LOCK_ENV = settings.DRAFTSCOPE_IMAGES_LOCK.name
 # How `unpinned` flags a base built on this machine: nothing can pin it by a registry digest.
 LOCAL_BASE = "is built locally and has no registry digest"
 SOURCE_URL = "https://github.com/draftscope/draftscope"
@@ -83,8 +82,7 @@ def lock_path(root: Path | None = None) -> Path:
 
 def active_lock_path() -> Path:
     """The lock the kit reads: $DRAFTSCOPE_IMAGES_LOCK when set, else the checkout's images.lock.json."""
-    override = os.environ.get(LOCK_ENV)
-    return Path(override) if override else lock_path()
+    return settings.DRAFTSCOPE_IMAGES_LOCK.get() or lock_path()
 
 
 def load_lock(path: Path | None = None) -> dict[str, Any]:

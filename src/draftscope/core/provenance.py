@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from draftscope import __version__
+from draftscope.core import settings
 from draftscope.core.resources import repo_root
 
 
@@ -29,7 +29,7 @@ def _git(*args: str, cwd: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-COMMIT_ENV, DIRTY_ENV = "DRAFTSCOPE_GIT_COMMIT", "DRAFTSCOPE_GIT_DIRTY"
+COMMIT_ENV, DIRTY_ENV = settings.DRAFTSCOPE_GIT_COMMIT.name, settings.DRAFTSCOPE_GIT_DIRTY.name
 
 
 def kit_info() -> dict[str, object]:
@@ -42,10 +42,10 @@ def kit_info() -> dict[str, object]:
             commit = None
         status = _git("status", "--porcelain", "--untracked-files=no", cwd=root)
         dirty = None if status is None else bool(status)
-    elif re.fullmatch(r"[0-9a-f]{40}", os.environ.get(COMMIT_ENV, "")):
+    elif (stated := settings.DRAFTSCOPE_GIT_COMMIT.get()) is not None:
         # A copy of a checkout without its .git (a lent GPU machine): the commit as its sender stated it.
-        commit = os.environ[COMMIT_ENV]
-        dirty = {"1": True, "0": False}.get(os.environ.get(DIRTY_ENV, ""))
+        commit = stated
+        dirty = settings.DRAFTSCOPE_GIT_DIRTY.get()
     return {"version": __version__, "git_commit": commit, "git_dirty": dirty}
 
 

@@ -6,9 +6,10 @@ the package under `draftscope/_data/`. The checkout wins so that edits are seen 
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from pathlib import Path
+
+from draftscope.core import settings
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # draftscope/, this file being draftscope/core/resources.py
 
@@ -35,8 +36,7 @@ def schemas_dir() -> Path:
 
 def presets_dir() -> Path:
     """`$DRAFTSCOPE_PRESETS` (a folder with `models/` and `experiments/`) when set, else the kit's own."""
-    override = os.environ.get("DRAFTSCOPE_PRESETS")
-    return Path(override) if override else _data_dir("presets")
+    return settings.DRAFTSCOPE_PRESETS.get() or _data_dir("presets")
 
 
 def examples_dir() -> Path:

@@ -13,7 +13,6 @@ the same environment gives the same file.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
 import uuid
@@ -24,6 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from draftscope import __version__
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 
 # Inside every image; readable by the images' user (uid 10001). The Dockerfiles name it (a unit test checks).
@@ -142,17 +142,10 @@ def components(dists: Iterable[metadata.Distribution] | None = None) -> list[dic
     return [found[ref] for ref in sorted(found)]
 
 
-def timestamp(env: Mapping[str, str]) -> str:
+def timestamp(env: Mapping[str, str] | None = None) -> str:
     """SOURCE_DATE_EPOCH (reproducible builds) as RFC 3339 UTC, else now."""
-    value = env.get("SOURCE_DATE_EPOCH", "").strip()
-    if value and not value.isdigit():
-        raise UserError(
-            "not a Unix time in seconds",
-            field="SOURCE_DATE_EPOCH",
-            value=value,
-            fix="unset it or export seconds",
-        )
-    moment = datetime.fromtimestamp(int(value), UTC) if value else datetime.now(UTC)
+    seconds = settings.SOURCE_DATE_EPOCH.get(env)
+    moment = datetime.fromtimestamp(seconds, UTC) if seconds is not None else datetime.now(UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -179,7 +172,7 @@ def bom(
         "specVersion": SPEC_VERSION,
         "version": 1,
         "metadata": {
-            "timestamp": timestamp(os.environ if env is None else env),
+            "timestamp": timestamp(env),
             "tools": {"components": [{"type": "application", "name": "draftscope", "version": __version__}]},
             "component": {
                 "type": "container",

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.head import select, triton_cache
 from draftscope.head import triton_kernels as tk
@@ -269,7 +270,7 @@ def _listing(folder: Path) -> list[str]:
 def run_arch(arch: int, geometries: list[Geometry], cache_dir: str, replay: bool = False) -> dict[str, Any]:
     """In a fresh process: every geometry's launches for capability `arch` under the stand-in driver, compiling into
     `cache_dir` — or, with `replay`, only reading it (`_forbid_compiling`). Returns what was loaded."""
-    os.environ["TRITON_CACHE_DIR"] = cache_dir  # read by Triton at each lookup (knobs.cache.dir)
+    settings.TRITON_CACHE_DIR.set(cache_dir)  # read by Triton at each lookup (knobs.cache.dir)
     triton, _ = tk._triton()
     from triton._C.libtriton import get_cache_invalidating_env_vars  # lazy: triton
 

@@ -32,10 +32,11 @@ import re
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json
 from draftscope.core.reading import read_json
@@ -45,7 +46,7 @@ MANIFEST = "draftscope-head-aot.json"
 KIND = "draftscope.head_triton_aot"
 SCHEMA_VERSION = 1
 # Another folder than IMAGE_CACHE (tests, a cache built elsewhere); "0" turns the seeding off.
-ENV_AOT_CACHE = "DRAFTSCOPE_TRITON_AOT_CACHE"
+ENV_AOT_CACHE = settings.DRAFTSCOPE_TRITON_AOT_CACHE.name
 ENTRY_KEYS = (
     "kernel",
     "arch",
@@ -228,9 +229,9 @@ def cache_problems(folder: Path, data: dict[str, Any]) -> list[str]:
 # --- at run time: the engine's processes ----------------------------------------------------------------------
 
 
-def default_cache_dir(environ: MutableMapping[str, str]) -> str:
+def default_cache_dir(environ: Mapping[str, str] | None = None) -> str:
     """Triton's own default when TRITON_CACHE_DIR is unset (`knobs.cache.dir`): $TRITON_HOME or ~, /.triton/cache."""
-    home = environ.get("TRITON_HOME") or environ.get("HOME") or os.path.expanduser("~")
+    home = settings.TRITON_HOME.raw(environ) or settings.HOME.raw(environ) or os.path.expanduser("~")
     return os.path.join(home, ".triton", "cache")
 
 
@@ -271,16 +272,17 @@ def seed(image: Path, cache: Path) -> list[str]:
     return copied
 
 
-def use_image_cache(environ: MutableMapping[str, str]) -> dict[str, Any]:
+def use_image_cache(environ: MutableMapping[str, str] | None = None) -> dict[str, Any]:
     """Make the image's compiled kernels hits for this process: seed the writable Triton cache (TRITON_CACHE_DIR,
     else Triton's default, which is then set explicitly) from the image's folder. Call it before the first Triton
-    compile of the process. Never raises: the facts (what was seeded, or why not) go to the plugin's status."""
-    image = environ.get(ENV_AOT_CACHE, "").strip() or IMAGE_CACHE
+    compile of the process. `environ` is this process's environment when None. Never raises: the facts (what was
+    seeded, or why not) go to the plugin's status."""
+    image = settings.DRAFTSCOPE_TRITON_AOT_CACHE.get(environ) or IMAGE_CACHE
     if image == "0":
         return {"state": "off", "reason": f"{ENV_AOT_CACHE}=0"}
     if not (Path(image) / MANIFEST).is_file():
         return {"state": "absent", "image_cache": image}
-    cache = environ.get("TRITON_CACHE_DIR", "").strip() or default_cache_dir(environ)
+    cache = settings.TRITON_CACHE_DIR.get(environ) or default_cache_dir(environ)
     facts: dict[str, Any] = {"image_cache": image, "triton_cache_dir": cache}
     try:
         if Path(cache).resolve() == Path(image).resolve():
@@ -290,17 +292,15 @@ def use_image_cache(environ: MutableMapping[str, str]) -> dict[str, Any]:
                 "state": "in-place",
                 "reason": "TRITON_CACHE_DIR is the image's read-only folder",
             }
-        environ["TRITON_CACHE_DIR"] = cache
+        settings.TRITON_CACHE_DIR.set(cache, environ)
         data = read_manifest(Path(image))
         copied = seed(Path(image), Path(cache))
     except (OSError, UserError, ValueError, KeyError) as exc:
         return {**facts, "state": "not-seeded", "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
     # Keys include the cache-invalidating variables that are set: another value here means no entry can hit.
-    differ = sorted(
-        name
-        for name in {*data["env"], *(n for n in environ if n.startswith("TRITON_") and n not in _NOT_IN_KEY)}
-        if environ.get(name) != data["env"].get(name)
-    )
+    names = {*data["env"], *(n for n in settings.TRITON_FAMILY.names(environ) if n not in _NOT_IN_KEY)}
+    here = settings.named(names, environ)
+    differ = sorted(name for name in names if here.get(name) != data["env"].get(name))
     return {
         **facts,
         "state": "seeded" if not differ else "seeded-env-differs",

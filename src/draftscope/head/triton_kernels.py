@@ -37,12 +37,12 @@ against its reference in quant.py.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from draftscope.core import settings
 from draftscope.core.errors import MissingDependency, UserError
 from draftscope.head.exact import PAD, gamma, up_to_f32
 from draftscope.head.quant import Coarse, QuantizedHead, group_norms
@@ -67,7 +67,7 @@ def _triton() -> tuple[Any, Any]:
 
 def interpreting() -> bool:
     """Whether Triton kernels defined in this process run in the interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return settings.TRITON_INTERPRET.get()
 
 
 @functools.cache

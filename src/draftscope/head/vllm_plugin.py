@@ -145,13 +145,13 @@ _STEP: contextvars.ContextVar[Step | None] = contextvars.ContextVar("draftscope_
 def register() -> None:
     """The `vllm.general_plugins` entry point: nothing unless the kit's switch is on."""
     global _PLUGIN
-    settings = switch.settings_from_env(os.environ)
+    settings = switch.settings_from_env()
     if settings is None or _PLUGIN is not None:
         return
     plugin = _Plugin(settings)
     _PLUGIN = plugin
     # Before any Triton compile of this process: the image's ahead-of-time kernels become cache hits (triton_cache).
-    plugin.facts["triton_aot"] = triton_cache.use_image_cache(os.environ)
+    plugin.facts["triton_aot"] = triton_cache.use_image_cache()
     registry = _symbol("op_registry_oot")
     if OOT_NAME in registry:
         plugin.stay_stock(f"another plugin already replaced {OOT_NAME} ({registry[OOT_NAME].__name__})")

@@ -12,7 +12,6 @@ No torch and no vLLM here: the host side imports this module.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -20,32 +19,36 @@ from typing import Any
 
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.settings import (
+    DRAFTSCOPE_EXPERIMENTAL_PREFIX,
+    DRAFTSCOPE_PREFIX_GROUP_SIZE,
+    DRAFTSCOPE_PREFIX_K,
+    DRAFTSCOPE_PREFIX_MAX_ROWS,
+    DRAFTSCOPE_PREFIX_READ_EVERY,
+    DRAFTSCOPE_PREFIX_SHADOW,
+    DRAFTSCOPE_PREFIX_STATUS,
+)
 
-ENV_SWITCH = "DRAFTSCOPE_EXPERIMENTAL_PREFIX"  # prefix | 1 (= prefix) | dense | 0 or unset (off)
-ENV_STATUS = "DRAFTSCOPE_PREFIX_STATUS"  # the status file the plugin writes (JSON)
-ENV_SHADOW = "DRAFTSCOPE_PREFIX_SHADOW"  # 1: also run the dense head every step and count disagreements
-ENV_K = "DRAFTSCOPE_PREFIX_K"  # candidates refined exactly per row (default certify.DEFAULT_K)
-ENV_GROUP_SIZE = "DRAFTSCOPE_PREFIX_GROUP_SIZE"  # INT8 scale group size (default: one scale per row)
-ENV_READ_EVERY = (
-    "DRAFTSCOPE_PREFIX_READ_EVERY"  # read the device counters (and rewrite the status) every N steps
-)
-ENV_MAX_ROWS = (
-    "DRAFTSCOPE_PREFIX_MAX_ROWS"  # steps with more logits rows take the dense head (small-batch only)
-)
+# The plugin's variables, each declared (type, default, doc) in core.settings.
+ENV_SWITCH = DRAFTSCOPE_EXPERIMENTAL_PREFIX.name  # prefix | 1 (= prefix) | dense | 0 or unset (off)
+ENV_STATUS = DRAFTSCOPE_PREFIX_STATUS.name  # the status file the plugin writes (JSON)
+ENV_SHADOW = DRAFTSCOPE_PREFIX_SHADOW.name  # 1: also run the dense head every step and count disagreements
+ENV_K = DRAFTSCOPE_PREFIX_K.name  # candidates refined exactly per row
+ENV_GROUP_SIZE = DRAFTSCOPE_PREFIX_GROUP_SIZE.name  # INT8 scale group size
+ENV_READ_EVERY = DRAFTSCOPE_PREFIX_READ_EVERY.name  # read the device counters every N steps
+ENV_MAX_ROWS = DRAFTSCOPE_PREFIX_MAX_ROWS.name  # steps with more logits rows take the dense head
 
 # `prefix`: the certified head with the prefix-conditioned fallback. `dense`: the stock head under the same
 # reference contract (no reduced-precision bf16 reductions, no split-K) — the baseline for token-identity checks.
 MODES = ("prefix", "dense")
-_ALIASES = {"1": "prefix", "prefix": "prefix", "dense": "dense"}
-_OFF = ("", "0")
 
 STATUS_FILE = "prefix_head.json"
 STATUS_KIND = "draftscope.prefix_head"
 STATUS_SCHEMA_VERSION = 1
 
-DEFAULT_K = 64  # = draftscope.head.certify.DEFAULT_K (not imported: that module needs torch)
-DEFAULT_READ_EVERY = 64
-DEFAULT_MAX_ROWS = 64  # 4 requests of a 16-row DFlash verification
+DEFAULT_K: int = DRAFTSCOPE_PREFIX_K.default  # = draftscope.head.certify.DEFAULT_K (that module needs torch)
+DEFAULT_READ_EVERY: int = DRAFTSCOPE_PREFIX_READ_EVERY.default
+DEFAULT_MAX_ROWS: int = DRAFTSCOPE_PREFIX_MAX_ROWS.default  # 4 requests of a 16-row DFlash verification
 
 
 @dataclass(frozen=True)
@@ -61,44 +64,21 @@ class Settings:
     max_rows: int = DEFAULT_MAX_ROWS
 
 
-def settings_from_env(environ: Mapping[str, str]) -> Settings | None:
-    """The plugin's settings, or None when the switch is off. A malformed value is a UserError naming it."""
-    raw = environ.get(ENV_SWITCH, "").strip().lower()
-    if raw in _OFF:
+def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings | None:
+    """The plugin's settings from `environ` (this process's environment when None), or None when the switch is
+    off. A malformed value is a UserError naming it."""
+    mode = DRAFTSCOPE_EXPERIMENTAL_PREFIX.get(environ)
+    if mode is None:
         return None
-    if raw not in _ALIASES:
-        raise UserError(
-            "unknown prefix-head mode",
-            field=ENV_SWITCH,
-            value=raw,
-            fix=f"use one of {', '.join(sorted(_ALIASES))}, or 0 / unset for off",
-        )
-    status = environ.get(ENV_STATUS, "").strip()
-    group = _positive(environ, ENV_GROUP_SIZE, None)
     return Settings(
-        mode=_ALIASES[raw],
-        status_path=Path(status) if status else None,
-        shadow=environ.get(ENV_SHADOW, "").strip() == "1",
-        k=_positive(environ, ENV_K, DEFAULT_K),
-        group_size=group,
-        read_every=_positive(environ, ENV_READ_EVERY, DEFAULT_READ_EVERY),
-        max_rows=_positive(environ, ENV_MAX_ROWS, DEFAULT_MAX_ROWS),
+        mode=mode,
+        status_path=DRAFTSCOPE_PREFIX_STATUS.get(environ),
+        shadow=DRAFTSCOPE_PREFIX_SHADOW.get(environ),
+        k=DRAFTSCOPE_PREFIX_K.get(environ),
+        group_size=DRAFTSCOPE_PREFIX_GROUP_SIZE.get(environ),
+        read_every=DRAFTSCOPE_PREFIX_READ_EVERY.get(environ),
+        max_rows=DRAFTSCOPE_PREFIX_MAX_ROWS.get(environ),
     )
-
-
-def _positive(environ: Mapping[str, str], name: str, default: int | None) -> Any:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise UserError(
-            "must be a positive integer", field=name, value=raw, fix=f"unset {name} or give N > 0"
-        )
-    return value
 
 
 # --- the kit's side ---------------------------------------------------------------------------------------------
@@ -106,7 +86,13 @@ def _positive(environ: Mapping[str, str], name: str, default: int | None) -> Any
 
 # The plugin's tuning variables a user may set on the host: passed on into the step (local or container), so the
 # step's recorded environment says what the plugin ran with.
-TUNING = (ENV_SHADOW, ENV_K, ENV_GROUP_SIZE, ENV_READ_EVERY, ENV_MAX_ROWS)
+TUNING = (
+    DRAFTSCOPE_PREFIX_SHADOW,
+    DRAFTSCOPE_PREFIX_K,
+    DRAFTSCOPE_PREFIX_GROUP_SIZE,
+    DRAFTSCOPE_PREFIX_READ_EVERY,
+    DRAFTSCOPE_PREFIX_MAX_ROWS,
+)
 
 
 def env_for(
@@ -120,9 +106,8 @@ def env_for(
     """
     if not getattr(config, "experimental_prefix", False):
         return {}
-    environ = os.environ if environ is None else environ
     env = {ENV_SWITCH: "prefix", ENV_STATUS: str(PurePosixPath(str(run_dir)) / STATUS_FILE)}
-    env |= {name: environ[name] for name in TUNING if environ.get(name, "").strip()}
+    env |= {v.name: v.raw(environ) for v in TUNING if v.text(environ)}
     settings_from_env(env)  # the same checks the plugin makes, with the same errors
     return env
 

@@ -22,7 +22,6 @@ validation loss and top-1 probability, and the path of `report.html`. Everything
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import time
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftscope.analysis.verdict import sentence as verdict_sentence
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.core.outputs import check_output_path
@@ -195,7 +195,7 @@ def run_step(step: Step, demo: Demo, say: Callable[[str], None] = print) -> None
         else:
             commands[-1].append(word)
     started = time.monotonic()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = settings.child_env({settings.PYTHONUNBUFFERED.name: "1"})
     say(f"    log: {log}")
     for words in commands:
         with log.open("ab") as out:
@@ -332,7 +332,7 @@ def summary_lines(demo: Demo) -> tuple[list[str], bool]:
 def main(*, output: str | None, train_python: str | None, say: Callable[[str], None] = print) -> int:
     stamp = now().replace(":", "").replace("-", "").split(".")[0]
     root = Path(output) if output else Path("runs") / f"demo-{stamp}"
-    python = train_python or os.environ.get("DRAFTSCOPE_TRAIN_PYTHON")
+    python = train_python or settings.DRAFTSCOPE_TRAIN_PYTHON.get()
     if not python or not Path(python).exists():
         raise UserError(
             "the pipeline step needs an environment with speculators 0.9.0",

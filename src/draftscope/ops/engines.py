@@ -4,13 +4,13 @@ pulls. `make kick-the-tires` and the container tier use them."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 
 
@@ -25,7 +25,7 @@ def start_registry(root: Path) -> str:
     done = subprocess.run(
         [str(root / "images/local/registry.sh"), "start"], capture_output=True, text=True, check=False
     )
-    address = _exports(done.stdout).get("DRAFTSCOPE_REGISTRY")
+    address = _exports(done.stdout).get(settings.DRAFTSCOPE_REGISTRY.name)
     if done.returncode != 0 or not address:
         raise UserError(
             f"the loopback registry did not start: {done.stderr.strip() or done.stdout.strip()}",
@@ -43,10 +43,11 @@ class Engine:
     env: dict[str, str] = field(default_factory=dict)
 
     @property
-    def settings(self) -> dict[str, str]:
+    def variables(self) -> dict[str, str]:
+        """What the engine script reads: where this engine keeps its state and its image storage."""
         return {
-            "DRAFTSCOPE_ENGINE_DIR": str(self.folder / "engine"),
-            "DRAFTSCOPE_ENGINE_STORAGE": str(self.folder / "storage"),
+            settings.DRAFTSCOPE_ENGINE_DIR.name: str(self.folder / "engine"),
+            settings.DRAFTSCOPE_ENGINE_STORAGE.name: str(self.folder / "storage"),
         }
 
     def start(self) -> Engine:
@@ -55,10 +56,10 @@ class Engine:
             capture_output=True,
             text=True,
             check=False,
-            env={**os.environ, **self.settings},
+            env=settings.child_env(self.variables),
         )
         self.env = _exports(done.stdout)
-        if done.returncode != 0 or "DOCKER_HOST" not in self.env:
+        if done.returncode != 0 or settings.DOCKER_HOST.name not in self.env:
             raise UserError(
                 f"a second engine did not start: {done.stderr.strip()}",
                 fix="install the engine (root): images/local/podman-engine.sh install",
@@ -69,7 +70,7 @@ class Engine:
         """End the service, unmount what its overlay storage left mounted, remove the folder."""
         subprocess.run(
             [str(self.root / "images/local/podman-engine.sh"), "stop"],
-            env={**os.environ, **self.settings},
+            env=settings.child_env(self.variables),
             capture_output=True,
             check=False,
         )

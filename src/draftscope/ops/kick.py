@@ -11,7 +11,6 @@ stay labelled historical. Each check is `invoke claims.reproduce ID`, as a revie
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.images import LOCK_ENV, active_lock_path, load_lock, lock_entry, published_reference
 from draftscope.ops import claims as C
@@ -44,7 +44,7 @@ def _invoke(root: Path, env: Mapping[str, str], *args: str, log: Path) -> int:
         return subprocess.run(
             [sys.executable, "-m", "invoke", *args],
             cwd=root,
-            env={**os.environ, **env},
+            env=settings.child_env(env),
             stdout=out,
             stderr=subprocess.STDOUT,
             check=False,

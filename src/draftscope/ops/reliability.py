@@ -18,18 +18,17 @@ bounds: at least 500 generated cases over at least 20 commands, none broken.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftscope.core.errors import UserError
+from draftscope.core import settings
 from draftscope.core.jsonio import atomic_write_json
 
-FIGURES_ENV = "DRAFTSCOPE_RELIABILITY_FIGURES"
-SEED_ENV = "DRAFTSCOPE_RELIABILITY_SEED"
-DEFAULT_SEED = 9
+FIGURES_ENV = settings.DRAFTSCOPE_RELIABILITY_FIGURES.name
+SEED_ENV = settings.DRAFTSCOPE_RELIABILITY_SEED.name
+DEFAULT_SEED = settings.DRAFTSCOPE_RELIABILITY_SEED.default
 STEP_KINDS = ("benchmark", "regen", "hsextract", "train")
 MIN_FAULTS = 50
 MIN_BAD_INPUTS = 200
@@ -41,11 +40,7 @@ GENERATED_OUTCOMES = (*GENERATED_OK, "traceback", "hang", "wrote", "unclean", "c
 
 
 def seed_from_env() -> int:
-    raw = os.environ.get(SEED_ENV, "")
-    try:
-        return int(raw) if raw.strip() else DEFAULT_SEED
-    except ValueError:
-        raise UserError("not an integer", field=SEED_ENV, value=raw, fix="set an integer seed") from None
+    return settings.DRAFTSCOPE_RELIABILITY_SEED.get()
 
 
 @dataclass

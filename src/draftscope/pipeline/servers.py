@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
 from draftscope.pipeline.base import Command
@@ -90,10 +90,8 @@ def process_argv(argv: Sequence[str]) -> list[str]:
 
 
 def process_env(command: Command) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(command.env)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    """A server inherits the stage's environment, with its own variables (its GPUs) and unbuffered output."""
+    return settings.child_env({**command.env, settings.PYTHONUNBUFFERED.name: "1"})
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

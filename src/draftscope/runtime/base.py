@@ -17,18 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from draftscope.core import settings
 from draftscope.core.platforms import host_user
 from draftscope.runtime.step import Step
 
-# Variables a step may receive from the host environment, by name, besides the step's own. No credential: those go
-# to the steps that fetch only (`Step.credentials`), also by name (their values never enter an argv, a log line
-# the kit writes, or a manifest).
+# Variables a step may receive from the host environment, by name, besides the step's own (each declared, with its
+# doc, in core.settings). No credential: those go to the steps that fetch only (`Step.credentials`), also by name
+# (their values never enter an argv, a log line the kit writes, or a manifest).
 ENV_ALLOW = (
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "TZ",
-    "DRAFTSCOPE_FAILPOINT",  # fault injection (tests); recorded in the manifest when set
-    "OMP_NUM_THREADS",  # CPU runs side by side: keep them from oversubscribing the cores
+    settings.CUDA_VISIBLE_DEVICES.name,
+    settings.NVIDIA_VISIBLE_DEVICES.name,
+    settings.TZ.name,
+    settings.DRAFTSCOPE_FAILPOINT.name,  # fault injection (tests); recorded in the manifest when set
+    settings.OMP_NUM_THREADS.name,  # CPU runs side by side: keep them from oversubscribing the cores
 )
 
 

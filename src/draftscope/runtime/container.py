@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.images import image_reference
 from draftscope.core.platforms import IMAGE_USER
@@ -50,12 +51,12 @@ from draftscope.runtime.step import RUN_MOUNT, Mount, Step
 
 # Writable places for a user that has no home in the image: all under /tmp, the tmpfs below.
 HOME_ENV = {
-    "HOME": "/tmp/home",
-    "XDG_CACHE_HOME": "/tmp/home/.cache",
-    "TORCH_HOME": "/tmp/home/.cache/torch",
-    "TRITON_CACHE_DIR": "/tmp/home/.cache/triton",
-    "VLLM_CACHE_ROOT": "/tmp/home/.cache/vllm",
-    "PYTHONUNBUFFERED": "1",
+    settings.HOME.name: "/tmp/home",
+    settings.XDG_CACHE_HOME.name: "/tmp/home/.cache",
+    settings.TORCH_HOME.name: "/tmp/home/.cache/torch",
+    settings.TRITON_CACHE_DIR.name: "/tmp/home/.cache/triton",
+    settings.VLLM_CACHE_ROOT.name: "/tmp/home/.cache/vllm",
+    settings.PYTHONUNBUFFERED.name: "1",
 }
 
 # The root filesystem is read-only; the engines still write scratch files: HOME and the caches above (Hugging Face
@@ -200,9 +201,8 @@ class ContainerRuntime:
         env = {**HOME_ENV, **step.env, **ctx.extra_env}
         for key in sorted(env):
             argv += ["--env", f"{key}={env[key]}"]
-        for key in sorted({*step.env_passthrough, *step.credentials, *ENV_ALLOW}):
-            if key in os.environ:
-                argv += ["--env", key]  # by name: the engine copies the value, which never enters this argv
+        for key in settings.present({*step.env_passthrough, *step.credentials, *ENV_ALLOW}):
+            argv += ["--env", key]  # by name: the engine copies the value, which never enters this argv
         argv += ["--workdir", RUN_MOUNT if any(m.target == RUN_MOUNT for m in step.mounts) else "/tmp"]
         argv.append(image_reference(step.image))
         argv += list(step.argv)

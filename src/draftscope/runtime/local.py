@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from draftscope.core import settings
 from draftscope.runtime.base import (
     ENV_ALLOW,
     NO_IMAGE,
@@ -26,6 +27,17 @@ from draftscope.runtime.base import (
     supervise,
 )
 from draftscope.runtime.step import RUN_MOUNT, Step
+
+# What a local step inherits from this process besides the allowed variables: enough to find programs, speak the
+# locale, write temporary files and import the kit; nothing else of the host's environment.
+LOCAL_BASE = (
+    settings.PATH,
+    settings.LANG,
+    settings.LC_ALL,
+    settings.TMPDIR,
+    settings.HOME,
+    settings.PYTHONPATH,
+)
 
 
 def _mapper(step: Step, ctx: Context) -> Callable[[str], str]:
@@ -69,21 +81,11 @@ class LocalRuntime:
 
     def env(self, step: Step, ctx: Context) -> dict[str, str]:
         rewrite = _mapper(step, ctx)
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "HOME", "PYTHONPATH")
-        }
-        base.update(
-            {
-                k: os.environ[k]
-                for k in (*ENV_ALLOW, *step.env_passthrough, *step.credentials)
-                if k in os.environ
-            }
-        )
+        base = settings.named(v.name for v in LOCAL_BASE)
+        base.update(settings.named((*ENV_ALLOW, *step.env_passthrough, *step.credentials)))
         base.update({k: rewrite(v) for k, v in step.env.items()})
         base.update(ctx.extra_env)
-        base["PYTHONUNBUFFERED"] = "1"
+        base[settings.PYTHONUNBUFFERED.name] = "1"
         return base
 
     def run(self, step: Step, ctx: Context) -> Outcome:

@@ -11,7 +11,6 @@ Importing this package does not import torch; the loaders and `build` do.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.presets import load_model_preset
 from draftscope.tiny import builder
@@ -65,7 +65,7 @@ def install(folder: Path, record: dict[str, Any]) -> None:
 def check_lines() -> list[str]:
     """Verify the shipped files, then load tokenizer and target through `from_pretrained` with the hub disabled."""
     # Read by huggingface_hub when first imported; `local_files_only=True` below holds either way.
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    settings.HF_HUB_OFFLINE.set("1")
     preset = load_model_preset(PRESET)
     require_files(preset)
     files = expected_files(preset)

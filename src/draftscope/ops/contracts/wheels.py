@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import ast
 import functools
-import os
 import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 
-CACHE_ENV = "DRAFTSCOPE_RELEASE_CACHE"
+CACHE_ENV = settings.DRAFTSCOPE_RELEASE_CACHE.name
 
 
 class ReleaseUnavailable(UserError):
@@ -28,8 +28,7 @@ class ReleaseUnavailable(UserError):
 
 
 def cache_dir() -> Path:
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "draftscope" / "releases"
+    return settings.DRAFTSCOPE_RELEASE_CACHE.get() or Path.home() / ".cache" / "draftscope" / "releases"
 
 
 def _wheel_name(name: str) -> str:

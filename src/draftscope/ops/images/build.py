@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from draftscope import __version__
-from draftscope.core import hardware
+from draftscope.core import hardware, settings
 from draftscope.core.cuda_arch import validate_cuda_arch
 from draftscope.core.errors import UserError
 from draftscope.core.images import (
@@ -49,13 +49,12 @@ def git_facts(root: Path, runner: Runner = subprocess.run) -> tuple[str | None, 
     return parts[0], int(parts[1])
 
 
-def source_date_epoch(env: Mapping[str, str], commit_time: int | None) -> int:
-    """`SOURCE_DATE_EPOCH` from the environment (reproducible-builds convention), else the commit time."""
-    value = env.get("SOURCE_DATE_EPOCH")
-    if value:
-        if not value.isdigit():
-            raise UserError("not a Unix time in seconds", field="SOURCE_DATE_EPOCH", value=value)
-        return int(value)
+def source_date_epoch(env: Mapping[str, str] | None, commit_time: int | None) -> int:
+    """`SOURCE_DATE_EPOCH` from `env` (this process's environment when None; the reproducible-builds convention),
+    else the commit time."""
+    seconds = settings.SOURCE_DATE_EPOCH.get(env)
+    if seconds is not None:
+        return seconds
     if commit_time is None:
         raise UserError(
             "cannot date the build: no git commit here and SOURCE_DATE_EPOCH is not set",
@@ -90,14 +89,16 @@ def host_gpus() -> list[Any]:
 
 def detect_cuda_arch(
     explicit: str | None,
-    env: Mapping[str, str],
+    env: Mapping[str, str] | None = None,
     gpus: Callable[[], Sequence[Any]] | None = None,
 ) -> tuple[str, str]:
-    """(architecture list, where it came from): `--cuda-arch`, else `$CUDA_ARCH`, else the host's GPUs."""
+    """(architecture list, where it came from): `--cuda-arch`, else `$CUDA_ARCH` (in `env`, this process's
+    environment when None), else the host's GPUs."""
     if explicit is not None:
         return validate_cuda_arch(explicit, "--cuda-arch"), "--cuda-arch"
-    if env.get("CUDA_ARCH", "").strip():
-        return validate_cuda_arch(env["CUDA_ARCH"], "CUDA_ARCH"), "CUDA_ARCH"
+    given, name = settings.CUDA_ARCH.raw(env) or "", settings.CUDA_ARCH.name
+    if given.strip():
+        return validate_cuda_arch(given, name), name
     found = cuda_arch_from_gpus((gpus or host_gpus)())
     if found:
         return found, "host GPUs"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.images import lock_entry, split_reference
 from draftscope.ops.images.build import check_engine
@@ -93,7 +93,7 @@ def execute(
     """Run one argv (never through a shell); a missing binary is a UserError, the exit code is the caller's."""
     try:
         return runner(
-            list(argv), cwd=cwd, check=False, text=True, capture_output=capture, env=os.environ.copy()
+            list(argv), cwd=cwd, check=False, text=True, capture_output=capture, env=settings.child_env()
         )
     except FileNotFoundError:
         raise UserError(f"'{argv[0]}' is not installed or not on PATH", fix=f"install {argv[0]}") from None

@@ -19,15 +19,14 @@ What differs from the GPU engine, each checked in vLLM 0.32.0's CPU path:
 
 from __future__ import annotations
 
-import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
 from draftscope import tiny
 from draftscope.bench.backends.vllm.config import ModelDirs
-from draftscope.core import provenance
+from draftscope.core import provenance, settings
 
-KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+KVCACHE_ENV = settings.VLLM_CPU_KVCACHE_SPACE.name
 KVCACHE_DEFAULT_GIB = "1"  # the tiny models' cache at max_model_len 512 needs a few MB; 1 GiB is the unit
 
 
@@ -39,14 +38,19 @@ def stage(dest: Path, *, draft: bool) -> ModelDirs:
     return ModelDirs(folders[0], folders[1] if draft else None)
 
 
-def kv_cache_space(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
-    """Set `VLLM_CPU_KVCACHE_SPACE` in `environ` when it is unset (vLLM's engine process inherits it) and say
-    what it is and who set it, for the run's facts. Without it the CPU engine sizes its cache from a share of
-    the host's memory (`gpu_memory_utilization`), which on a shared machine is neither small nor reproducible."""
-    given = environ.get(KVCACHE_ENV, "").strip()
+def kv_cache_space(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set `VLLM_CPU_KVCACHE_SPACE` in `environ` (this process's environment when None) when it is unset (vLLM's
+    engine process inherits it) and say what it is and who set it, for the run's facts. Without it the CPU engine
+    sizes its cache from a share of the host's memory (`gpu_memory_utilization`), which on a shared machine is
+    neither small nor reproducible."""
+    space = settings.VLLM_CPU_KVCACHE_SPACE
+    given = space.text(environ)
     if not given:
-        environ[KVCACHE_ENV] = KVCACHE_DEFAULT_GIB
-    return {"gib": environ[KVCACHE_ENV], "set_by": "the environment" if given else "the kit (it was unset)"}
+        space.set(KVCACHE_DEFAULT_GIB, environ)
+    return {
+        "gib": space.raw(environ) or "",
+        "set_by": "the environment" if given else "the kit (it was unset)",
+    }
 
 
 def engine_distribution(version: str) -> dict[str, str | None]:
