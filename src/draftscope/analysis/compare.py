@@ -227,7 +227,7 @@ def compare_runs(
 def write_comparison(doc: dict[str, Any], path: Path, *, figure: bool = True, flag: str = "--output") -> Path:
     """Validate, then create `path` (and `<stem>.png` beside it) exclusively; returns the JSON path."""
     # lazy: matplotlib, for the figure; the JSON alone (and `analyze`) needs none
-    from draftscope.analysis.figures import comparison_figure
+    from draftscope.analysis.comparison_figures import comparison_figure
 
     path = Path(path)
     png = path.with_suffix(".png")

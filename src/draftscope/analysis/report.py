@@ -16,7 +16,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from rich.table import Table
 
-from draftscope.analysis import figures
+from draftscope.analysis import comparison_figures, figures
 from draftscope.analysis.comparisons import SPEED_MEASURE, Shown
 from draftscope.analysis.leaderboard import LEADERBOARD_COLUMNS, latency_cells, leaderboard_rows, metric
 from draftscope.analysis.load import Run
@@ -196,7 +196,7 @@ def make_figures(runs: Sequence[Run]) -> list[FigureFile]:
     return out
 
 
-def comparison_figures(shown: Sequence[Shown]) -> list[FigureFile]:
+def make_comparison_figures(shown: Sequence[Shown]) -> list[FigureFile]:
     """The speedup of every comparison in one figure (it answers "Is it faster?"), then each comparison's
     per-prompt ratios; none without comparisons."""
     if not shown:
@@ -205,7 +205,7 @@ def comparison_figures(shown: Sequence[Shown]) -> list[FigureFile]:
         FigureFile(
             "speedup.png",
             "Is it faster? Speedup with its interval",
-            figures.speedup_figure([c.doc for c in shown]),
+            comparison_figures.speedup_figure([c.doc for c in shown]),
         )
     ]
     seen: set[str] = set()
@@ -215,7 +215,9 @@ def comparison_figures(shown: Sequence[Shown]) -> list[FigureFile]:
             name = name.replace(".png", "-1.png")
         seen.add(name)
         out.append(
-            FigureFile(name, f"Per-prompt latency ratios: {c.title}", figures.comparison_figure(c.doc))
+            FigureFile(
+                name, f"Per-prompt latency ratios: {c.title}", comparison_figures.comparison_figure(c.doc)
+            )
         )
     return out
 
@@ -259,7 +261,7 @@ def write_report(
     The comparisons of these runs (`analysis.comparisons.find_comparisons`) lead the report when there are any;
     with `sort` (a metric of `analysis.leaderboard`), a leaderboard of the runs comes first under Runs."""
     # Before creating anything: a plotting failure leaves no half-made folder.
-    speed = comparison_figures(comparisons)
+    speed = make_comparison_figures(comparisons)
     figs = [*speed[1:], *make_figures(runs)]
     folder = make_new_dir(Path(folder), "--report")
     rows = [run_row(r) for r in runs]

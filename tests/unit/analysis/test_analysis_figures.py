@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_analysis_synthetic import PROMPTS, make_run
 
-from draftscope.analysis import figures, verdict
+from draftscope.analysis import comparison_figures, figures, verdict
 from draftscope.analysis.compare import compare_runs, summary_lines, write_comparison
 from draftscope.analysis.comparisons import find_comparisons
 from draftscope.analysis.load import load_runs
@@ -42,23 +42,25 @@ def test_ratio_bands_lie_above_zero_on_a_log_axis(folder):
     noisy = doc(folder, "noisy__same")
     assert noisy["noise_band"]["half_width"] > 1  # the case that drew `1 − w` below 0 on a linear axis
     for d in (noisy, doc(folder, "quiet__fast")):
-        fig = figures.draw_comparison(d)
+        fig = comparison_figures.draw_comparison(d)
         ax = fig.axes[0]
         assert ax.get_yscale() == "log" and ax.get_ylim()[0] > 0
         spans = [p for p in ax.patches]
         assert spans and all(p.get_y() > 0 for p in spans), [p.get_y() for p in spans]
         ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
         assert len(ticks) >= 2  # labelled in plain numbers, even over a narrow range
-    low, high = figures.noise_interval(noisy["noise_band"])
+    low, high = comparison_figures.noise_interval(noisy["noise_band"])
     assert 0 < low < 1 < high
-    assert figures.admission_limit(noisy) <= 0  # nothing can be admitted there, and the figure says so
-    texts = " ".join(t.get_text() for t in figures.draw_comparison(noisy).axes[0].texts)
+    assert (
+        comparison_figures.admission_limit(noisy) <= 0
+    )  # nothing can be admitted there, and the figure says so
+    texts = " ".join(t.get_text() for t in comparison_figures.draw_comparison(noisy).axes[0].texts)
     assert "no speedup can be admitted" in texts
 
 
 def test_the_speedup_figure_puts_each_comparison_on_a_positive_log_axis(folder):
     docs = [doc(folder, "noisy__same"), doc(folder, "quiet__fast")]
-    ax = figures.draw_speedup(docs).axes[0]
+    ax = comparison_figures.draw_speedup(docs).axes[0]
     assert ax.get_xscale() == "log" and ax.get_xlim()[0] > 0
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == ["fast\nvs quiet", "same\nvs noisy"]  # the first comparison on top
