@@ -91,11 +91,10 @@ def load_prompts(path: str, limit: int | None = None) -> Prompts:
     return Prompts(str(resolved), hashlib.sha256(raw).hexdigest(), count, len(ids), data.get("source"))
 
 
-def prompt_overrides(
-    prompts: str | None, dataset: str | None, max_prompts: str | int | None
-) -> dict[str, Any]:
-    """`--prompts`, `--dataset` (a shipped set, whose file becomes `prompts`) and `--max-prompts` as config
-    overrides; `--prompts` and `--dataset` both name the prompts, so only one may be given."""
+def prompt_overrides(prompts: str | None, dataset: str | None, max_prompts: int | None) -> dict[str, Any]:
+    """`--prompts`, `--dataset` (a shipped set, whose file becomes `prompts`) and `--max-prompts` (parsed: the
+    option table's) as config overrides; `--prompts` and `--dataset` both name the prompts, so only one may be
+    given."""
     if prompts is not None and dataset is not None:
         raise UserError(
             "--prompts and --dataset both name the prompt file",
@@ -103,15 +102,7 @@ def prompt_overrides(
             value=dataset,
             fix=f"drop --prompts to run the shipped set '{dataset}', or drop --dataset to run {prompts}",
         )
-    limit = None
-    if max_prompts is not None:
-        try:
-            limit = int(str(max_prompts).strip())
-        except ValueError:
-            raise UserError("expected an integer", field="--max-prompts", value=max_prompts) from None
-        if limit < 1:
-            raise UserError("must be at least 1", field="--max-prompts", value=max_prompts, fix="give N >= 1")
-    given: dict[str, Any] = {"prompts": prompts, "max_prompts": limit}
+    given: dict[str, Any] = {"prompts": prompts, "max_prompts": max_prompts}
     if dataset is not None:
         given |= {"dataset": dataset, "prompts": str(datasets.shipped(dataset).path)}
     return given

@@ -45,6 +45,32 @@ ns = Collection(
 )
 
 
+# The task list's headings, by audience and purpose (`invoke --list`); every task is under one (a test checks).
+GROUPS = {
+    "start": ("demo", "doctor", "version"),
+    "bench": ("benchmark", "plan", "presets", "datasets.list", "datasets.import", "recover", "reproduce"),
+    "pipeline": ("pipeline", "tiny.build", "validate"),
+    "analysis": ("analyze", "compare", "export", "share"),
+    "images": ("images.build", "images.list", "images.lock", "images.pull", "images.push", "images.sbom"),
+    "research": (
+        "claims.list",
+        "claims.reproduce",
+        "kick-the-tires",
+        "evidence.add",
+        "evidence.verify",
+        "head-bench",
+        "head-study",
+        "bench-overhead",
+    ),
+    "develop": ("reliability", "contracts.diff"),
+}
+
+
+def program(binary: str = "draftscope") -> DraftscopeProgram:
+    """The kit's Program over `ns`: the `draftscope` command, and a checkout's `invoke` (tasks.py)."""
+    return DraftscopeProgram(namespace=ns, name="draftscope", binary=binary, groups=GROUPS)
+
+
 def main() -> None:
     """The `draftscope` console script: the tasks `invoke` runs in a checkout, anywhere the kit is installed."""
-    DraftscopeProgram(namespace=ns, name="draftscope", binary="draftscope").run()
+    program().run()

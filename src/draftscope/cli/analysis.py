@@ -49,7 +49,9 @@ def _file_name(value: str, flag: str) -> Path:
     },
 )
 def analyze(c, path, run=None, report=None, comparison=None, sort=None):
-    """Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
+    """Tabulate runs side by side, with a leaderboard and their comparisons.
+
+    Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
     min–max of request and decode tok/s, TTFT and inter-token latency p50/p90/p99, mean acceptance length, rate and
     per position, greedy agreement), a leaderboard by one metric (--sort) and the comparisons of these runs
     (speedup, interval, verdict, noise band); optionally write a report."""
@@ -109,7 +111,9 @@ def compare(
     study=None,
     allow_unfinished=False,
 ):
-    """Paired per-prompt latency ratios of CANDIDATE vs BASE, median with a bootstrap 95% CI, admission verdict,
+    """Is CANDIDATE faster than BASE? Paired ratios, CI, verdict, token check.
+
+    Paired per-prompt latency ratios of CANDIDATE vs BASE, median with a bootstrap 95% CI, admission verdict,
     A/A noise band and greedy token check; writes comparison.json and a figure."""
     # lazy: numpy (and matplotlib for the figure), only for `compare`
     from draftscope.analysis.compare import (
@@ -182,7 +186,9 @@ def _study_admission(study: str, given: tuple) -> dict:
     },
 )
 def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, threshold="1%"):
-    """Re-run RUN from its manifest alone (frozen config, hash-checked prompts, same runtime and images), then
+    """Re-run RUN from its manifest alone, then compare with the original.
+
+    Re-run RUN from its manifest alone (frozen config, hash-checked prompts, same runtime and images), then
     compare: greedy token ids must be identical; timing is reported as ratios."""
     # lazy: numpy, only for `reproduce`
     from draftscope.analysis.compare import summary_lines
@@ -218,7 +224,9 @@ ANALYSIS_TASKS = [analyze, compare, reproduce]
     }
 )
 def verify(c, root=None, strict=False):
-    """Check every hash in research/SHA256SUMS, validate every evidence artifact against its schema, and check
+    """Check the research evidence: hashes, schemas, protocol-before-result.
+
+    Check every hash in research/SHA256SUMS, validate every evidence artifact against its schema, and check
     through git history that each study's protocol was committed before its results, each measured from a clean
     commit (research/SUPERSEDED.yaml lists older evidence: still hash-checked, never counted)."""
     folder = research_dir(root)
@@ -245,7 +253,9 @@ def verify(c, root=None, strict=False):
     },
 )
 def add(c, path, study=None, root=None):
-    """Copy a run, a comparison or a measurement into research/evidence/STUDY/ without overwriting, and update
+    """Copy a run or measurement into research/evidence/ (never over one).
+
+    Copy a run, a comparison or a measurement into research/evidence/STUDY/ without overwriting, and update
     SHA256SUMS."""
     if not study:
         raise UserError(

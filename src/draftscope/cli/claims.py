@@ -25,7 +25,9 @@ def _verdicts(root: Path, verdicts: str | None) -> Path:
 
 @command(name="list", help={"verdicts": VERDICTS_HELP, "json": "print as JSON"})
 def list_(c, verdicts=None, json=False):
-    """Every claim: origin, hardware, expected time, the command count and its last verdict here."""
+    """Every claim: origin, hardware, expected time, last verdict here.
+
+    Every claim: origin, hardware, expected time, the command count and its last verdict here."""
     root = checkout()
     folder = _verdicts(root, verdicts)
     rows = []
@@ -66,7 +68,9 @@ def list_(c, verdicts=None, json=False):
     },
 )
 def reproduce(c, claim, verdicts=None, engine="docker"):
-    """Run a claim's commands in the pinned images, compare its figures and write verdict.json (never over one)."""
+    """Check one claim in the pinned images and write its verdict.
+
+    Run a claim's commands in the pinned images, compare its figures and write verdict.json (never over one)."""
     root = checkout()
     found = C.find_claim(C.load_claims(root), claim)
     runtime = ContainerRuntime(check_engine(engine))
@@ -85,7 +89,9 @@ def reproduce(c, claim, verdicts=None, engine="docker"):
 
 @command(name="kick-the-tires", help={"verdicts": VERDICTS_HELP})
 def kick_the_tires(c, verdicts=None):
-    """Every claim a CPU can check, from pulled images (published ones, else the ones built here pushed to a
+    """Every claim a CPU can check, from pulled images, as a table of verdicts.
+
+    Every claim a CPU can check, from pulled images (published ones, else the ones built here pushed to a
     loopback registry and pulled into an empty engine), then a table of verdicts."""
     root = checkout()
     rows, work = K.kick(root, _verdicts(root, verdicts))

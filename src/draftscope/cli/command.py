@@ -1,69 +1,108 @@
-"""`@command`: invoke's `@task` with the kit's three conventions, through invoke's documented `klass=` hook.
+"""`@command`: invoke's `@task` made from an option table, through invoke's documented `klass=` hook.
 
+- Options: a task declares an `OptionTable` (`core.options`: flag, config field, type, help, bounds, default, each
+  once) with `@command(table=…)`, or plain keyword defaults and a `help` dict, from which the same table is made
+  (`from_signature`). The task's parameters, its help (`help_text`: the usage line with its positional arguments,
+  each option's type and default) and the one parse of its values (`OptionTable.parse`) come from the table. invoke
+  only splits the words: every value reaches the table as the text typed (`TextArgument`), so `--repeats nan` is one
+  `error:` line naming `--repeats`, never a traceback from a cast.
+- Flags: long ones only (`--max-seconds`), the same for the whole kit; `-h` stays help. The short flags invoke used
+  to pick per task (`-a` for `--max-seconds`) are gone, and a word that used one is answered with the option it was
+  (`legacy_short_flags`, `cli.program`).
 - Errors: an expected failure is one line and an exit code (`handler.exits`), never a traceback.
-- Help: `-h` stays invoke's help flag (no option takes it as its short flag), and `--help` or `-h` where a
-  positional argument is expected asks for help. invoke's parser gives a missing positional the next word, so
-  without this `invoke validate --help` would validate a folder named `--help`. (The `draftscope` command turns
-  these into `draftscope --help TASK` before parsing, `cli.program`; this is the same for `invoke`.)
-- Values: every value is checked before the task sees it (`checked_values`): no NUL byte, UTF-8 only (the kit
-  records values in JSON and prints them), and an option declared with an integer default is parsed here into an
-  `int` (invoke's own cast would end in a traceback on `nan`), each failure one `error:` line naming the option.
-- Several values: `variadic="run"` names the repeatable option (declared in `iterable`) that takes the words after
-  the positionals, for `draftscope analyze A B C` (`cli.program`); `invoke` takes them as `--run B --run C`.
+- Help: `--help` or `-h` where a positional argument is expected asks for help (invoke's parser would give the word
+  to the positional: `invoke validate --help` would validate a folder named `--help`).
+- Several values: `variadic="run"` names the repeatable option that takes the words after the positionals, for
+  `draftscope analyze A B C` (`cli.program`); `--run B --run C` is the same, typed out.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-from collections.abc import Callable
+import shutil
+import textwrap
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from invoke import Collection, Context, Program, Task, task
+from invoke import Collection, Context, Task, task
 from invoke.parser import Argument
 
 from draftscope.cli.handler import exits
 from draftscope.core.errors import UserError
+from draftscope.core.options import Option, OptionTable, check_text, from_signature
 
 HELP_WORDS = ("--help", "-h")
 CONFIG_KEY = "draftscope"  # a group's collection config: {"draftscope": {"group": NAME}}, for its tasks' help
+
+# `defaults=`: what a task's config options default to, for its help: (where from, e.g. "preset tiny-cpu", and the
+# value of each dotted field).
+Defaults = Callable[[], tuple[str, Callable[[str], Any]]]
+
+
+class TextArgument(Argument):
+    """An invoke Argument that keeps the text typed: the option table parses it (one path, one error line)."""
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        super().set_value(value, cast=False)
 
 
 class Command(Task):
     """A task of the kit's command line (see the module docstring)."""
 
-    def __init__(self, body: Callable[..., Any], *, variadic: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        body: Callable[..., Any],
+        *,
+        table: OptionTable | None = None,
+        defaults: Defaults | None = None,
+        variadic: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if table is not None:
+            body.__signature__ = _signature(table)  # type: ignore[attr-defined]
+            kwargs.setdefault("positional", table.positional)
+            kwargs.setdefault("iterable", [r.name for r in table if r.repeatable])
+            kwargs.setdefault("help", {r.name: r.help for r in table})
+        kwargs["auto_shortflags"] = False
         super().__init__(body, **kwargs)
+        self.table = table or from_signature(
+            self._defaults(), self.help, iterable=self.iterable, positional=self.positional
+        )
+        self.defaults = defaults
         if variadic is not None and variadic not in self.iterable:
             raise ValueError(f"task {self.name}: variadic={variadic!r} must be one of its iterable options")
         self.variadic = variadic
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
-        # invoke's arg_opts pops each help string as it uses it: a second parser of the same task (the help below,
-        # `cli.program`'s rewrite) would show no option's help. Each call reads a copy.
+        # invoke's arg_opts pops each help string as it uses it: a second parser of the same task would show no
+        # option's help. Each call reads a copy.
         kept = dict(self.help)
         try:
             arguments = super().get_arguments(ignore_unknown_help)
         finally:
             self.help = kept
-        # An integer option is shown as INT; the parser keeps its text and __call__ parses it (one error: line).
+        out = []
         for arg in arguments:
-            if arg.kind is int:
-                arg.set_value = functools.partial(_keep_text, arg)  # type: ignore[method-assign]
-        return arguments
-
-    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        # `h` counts as taken: an option with `-h` would hide invoke's `TASK -h`. invoke picks the first free
-        # character of the dashed name, so an option whose letters are all taken would get the dash itself
-        # (`--draft-tokens` shown as `--=STRING`, a bare `--` on the command line): such an option has no short flag.
-        opts = super().arg_opts(name, default, {*taken_names, "h"})
-        opts["names"] = [n for n in opts["names"] if len(n) > 1 or n.isalnum()]
-        return opts
+            row = self.table.by_name.get(arg.attr_name or arg.name)
+            kind = list if arg.kind is list else bool if arg.kind is bool else row.kind if row else arg.kind
+            out.append(
+                TextArgument(
+                    names=arg.names,
+                    kind=kind if kind in (list, bool, int) else str,  # int: invoke's help shows INT
+                    default=arg.default,
+                    help=arg.help,
+                    positional=arg.positional,
+                    optional=arg.optional,
+                    incrementable=arg.incrementable,
+                    attr_name=arg.attr_name,
+                )
+            )
+        return out
 
     def __call__(self, c: Context, *args: Any, **kwargs: Any) -> Any:
         if self.asks_for_help(args, kwargs):
             group = (c.config.get(CONFIG_KEY) or {}).get("group")
-            print_help(self, group)
+            print(help_text(self, f"{group}.{self.name}" if group else self.name))
             return None
         with exits():
             args, kwargs = self.checked_values(args, kwargs)
@@ -77,63 +116,63 @@ class Command(Task):
     def checked_values(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The values with the integer options parsed; a value no command can take refused (see the docstring)."""
-        ints = {n for n, default in self._defaults().items() if type(default) is int}
-        out = {}
-        for name, value in kwargs.items():
-            for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, str):
-                    check_text(item, _flag(name))
-            out[name] = parse_int(value, _flag(name)) if name in ints and isinstance(value, str) else value
+        """The values parsed by the task's option table (each failure one `error:` line naming the option)."""
         for i, value in enumerate(args):
             if isinstance(value, str):
                 check_text(value, f"argument {i + 1}")
-        return args, out
+        known = {k: v for k, v in kwargs.items() if k in self.table}
+        parsed = self.table.parse(known)
+        return args, {**kwargs, **{k: parsed[k] for k in known}}
 
     def _defaults(self) -> dict[str, Any]:
-        params = inspect.signature(self.body).parameters
-        return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
+        params = list(inspect.signature(self.body).parameters.items())[1:]
+        return {n: (None if p.default is inspect.Parameter.empty else p.default) for n, p in params}
+
+    def legacy_short_flags(self) -> dict[str, str]:
+        """The short flags invoke picked for this task before the kit stopped using them: `{"-a": "--max-seconds"}`
+        (invoke's rule: the first letter of the dashed name not taken yet, in the order of the parameters)."""
+        names = list(self._defaults())
+        taken = {*names, "h"}
+        out = {}
+        for name in names:
+            dashed = name.replace("_", "-")
+            for char in dashed:
+                if char.isalnum() and char != dashed and char not in taken:
+                    out[f"-{char}"] = f"--{dashed}"
+                    taken.add(char)
+                    break
+            taken.add(dashed)
+        return out
 
 
-def _keep_text(arg: Argument, value: Any, cast: bool = True) -> None:
-    Argument.set_value(arg, value, cast=False)
-
-
-def _flag(name: str) -> str:
-    dashed = name.replace("_", "-")
-    return f"-{dashed}" if len(dashed) == 1 else f"--{dashed}"
-
-
-def check_text(value: str, field: str) -> str:
-    """`value` unless it holds a NUL byte or bytes that are not UTF-8 (the kit writes values into JSON records)."""
-    if "\x00" in value:
-        raise UserError("the value holds a NUL byte", field=field, value=value)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError(
-            "the value is not valid UTF-8", field=field, value=value, fix="use a UTF-8 name or value"
-        ) from None
-    return value
+def _signature(table: OptionTable) -> inspect.Signature:
+    """The task body's signature the table stands for: the context, then each option with its invoke default."""
+    params = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for row in table:
+        default: Any = inspect.Parameter.empty if row.positional else None
+        if row.kind is bool:
+            default = False
+        elif row.field is None and row.default is not None and not row.repeatable:
+            default = row.default
+        params.append(inspect.Parameter(row.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+    return inspect.Signature(params)
 
 
 def parse_int(
     value: Any, field: str, minimum: int | None = None, maximum: int | None = None, *, fix: str | None = None
 ) -> int:
     """`value` as an integer within [minimum, maximum]; one `error:` line naming `field` otherwise."""
+    row = Option(
+        "value", "", kind=int, minimum=minimum, maximum=maximum, fix=fix, metavar=field, positional=True
+    )
     try:
-        number = int(str(value).strip())
-    except (TypeError, ValueError):
-        raise UserError("expected an integer", field=field, value=value) from None
-    if minimum is not None and number < minimum:
-        raise UserError(f"must be at least {minimum}", field=field, value=value)
-    if maximum is not None and number > maximum:
-        raise UserError(f"must be at most {maximum:,}", field=field, value=value, fix=fix)
-    return number
+        return int(row.parse(value))
+    except UserError as exc:
+        raise UserError(exc.message, field=field, value=exc.value, fix=exc.fix) from None
 
 
 def command(*args: Any, **kwargs: Any) -> Any:
-    """`@command` / `@command(help=…, variadic=…)`: `@task` making a `Command`."""
+    """`@command` / `@command(table=…, defaults=…, help=…, variadic=…)`: `@task` making a `Command`."""
     return task(*args, klass=Command, **kwargs)
 
 
@@ -144,12 +183,89 @@ def group(name: str, *tasks: Task) -> Collection:
     return collection
 
 
-def print_help(cmd: Task, group: str | None = None, binary: str = "inv[oke]") -> None:
-    """invoke's own help for one task (`invoke --help GROUP.TASK`), printed from the task alone."""
-    root = Collection()
-    if group:
-        root.add_collection(Collection(group, cmd))
+# --- help ---------------------------------------------------------------------------------------------------------
+
+
+def usage_line(cmd: Task, name: str, binary: str = "invoke") -> str:
+    """`Usage: invoke compare [--options] BASE CANDIDATE`: the positional arguments in order, as typed."""
+    table = getattr(cmd, "table", None)
+    positional = [r.flag for r in table if r.positional] if table else [p.upper() for p in cmd.positional]
+    variadic = getattr(cmd, "variadic", None)
+    more = f" [{variadic.upper()}…]" if variadic else ""
+    opts = " [--options]" if table is None or any(not r.positional for r in table) else ""
+    return f"Usage: {binary} {name}{opts}{''.join(' ' + p for p in positional)}{more}"
+
+
+def option_rows(cmd: Task) -> list[tuple[str, str]]:
+    """(flag with its value, help with its type and default) for each option of `cmd`, positionals first."""
+    table: OptionTable = cmd.table  # type: ignore[attr-defined]
+    source, value_of = _resolved_defaults(cmd)
+    rows = []
+    for row in sorted(table, key=lambda r: not r.positional):
+        spec = row.flag if row.kind is bool or row.positional else f"{row.flag}={row.value_name}"
+        facts = [row.type_text()]
+        if row.field is not None and value_of is not None:
+            default = value_of(row.field)
+            facts.append(f"default: {_shown(default)} ({source})")
+        elif row.kind is not bool and row.default is not None:
+            facts.append(f"default: {_shown(row.default)}")
+        elif row.positional:
+            facts.append("required")
+        facts = [f for f in facts if f]
+        rows.append((spec, row.help + (f" [{'; '.join(facts)}]" if facts else "")))
+    return rows
+
+
+def _resolved_defaults(cmd: Task) -> tuple[str, Callable[[str], Any] | None]:
+    defaults = getattr(cmd, "defaults", None)
+    if defaults is None:
+        return "", None
+    try:
+        return defaults()
+    except UserError:  # a broken preset: the help still prints, without the preset's values
+        return "", None
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:g}"
+    return str(value)
+
+
+def help_text(cmd: Task, name: str, binary: str = "invoke", width: int | None = None) -> str:
+    """A task's help: its usage line, its docstring, then each option with its type and default."""
+    width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
+    lines = [usage_line(cmd, name, binary), ""]
+    doc = inspect.getdoc(cmd) or ""
+    lines += [textwrap.indent(doc, "  "), ""] if doc else []
+    rows = option_rows(cmd) if getattr(cmd, "table", None) is not None else []
+    if rows:
+        lines.append("Options:")
+        spec_width = min(max(len(s) for s, _ in rows), 34)
+        for spec, text in rows:
+            wrapped = textwrap.wrap(text, max(width - spec_width - 6, 30), break_on_hyphens=False) or [""]
+            if len(spec) > spec_width:
+                lines.append(f"  {spec}")
+                lines += [f"  {'':{spec_width}}  {w}" for w in wrapped]
+            else:
+                lines.append(f"  {spec:{spec_width}}  {wrapped[0]}")
+                lines += [f"  {'':{spec_width}}  {w}" for w in wrapped[1:]]
     else:
-        root.add_task(cmd)
-    name = f"{group}.{cmd.name}" if group else cmd.name
-    Program(namespace=root, binary=binary).run([binary, "--help", name], exit=False)
+        lines.append("Options: none")
+    return "\n".join(lines)
+
+
+def preset_values(config: Any) -> Callable[[str], Any]:
+    """A dotted field's value in a frozen config tree (`head.capture` → config.head.capture)."""
+
+    def value(dotted: str) -> Any:
+        node = config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
+        return node
+
+    return value

@@ -30,7 +30,9 @@ def diff_table(diff: K.Diff) -> Table:
     }
 )
 def diff(c, release, json=False):
-    """Before bumping a pin: every flag, config field, metric name, Literal value or symbol the kit uses whose form
+    """Before bumping a pin: what the kit uses that the new release changed.
+
+    Before bumping a pin: every flag, config field, metric name, Literal value or symbol the kit uses whose form
     differs between the pinned release and RELEASE, with the kit features it touches; nothing when they agree.
 
     The wheels are read from $DRAFTSCOPE_RELEASE_CACHE (else ~/.cache/draftscope/releases), downloaded there with

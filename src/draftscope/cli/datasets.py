@@ -15,7 +15,9 @@ from draftscope.core.jsonio import read_json
 
 @command(name="list", help={"json": "print as JSON"})
 def list_(c, json=False):
-    """The prompt sets: the ones shipped (name, prompts, source, commit, licence) and the formats one imports."""
+    """The prompt sets the kit ships and the formats one imports.
+
+    The prompt sets: the ones shipped (name, prompts, source, commit, licence) and the formats one imports."""
     rows = []
     for name, up in D.UPSTREAM.items():
         path = D.shipped(name).path if name in D.SHIPPED else None
@@ -60,7 +62,9 @@ def list_(c, json=False):
     },
 )
 def import_(c, file, output=None, format=None, name=None, description=""):
-    """Convert an original question file into a prompt file (first turn of each question; provenance recorded)."""
+    """Convert an original question file into a prompt file.
+
+    Convert an original question file into a prompt file (first turn of each question; provenance recorded)."""
     if format is None:
         raise UserError(
             "no format given", field="--format", fix=f"add --format, one of: {', '.join(I.FORMATS)}"

@@ -19,7 +19,9 @@ from draftscope.ops import demo as D
     }
 )
 def demo(c, output=None, train_python=None, dry_run=False):
-    """Baseline, speculative and prefix-head benchmarks on the tiny models, a head study, the tiny pipeline through
+    """The whole kit on the tiny models on a CPU, in minutes.
+
+    Baseline, speculative and prefix-head benchmarks on the tiny models, a head study, the tiny pipeline through
     convert, validation, a report and two comparisons — then a summary. CPU only; nothing is downloaded."""
     if dry_run:
         root = Path(output or "runs/demo-<time>")

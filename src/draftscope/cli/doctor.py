@@ -12,7 +12,9 @@ from draftscope.ops import doctor as D
 
 @command(help={"json": "print the report as JSON"})
 def doctor(c, json=False):
-    """Report the host: NVIDIA GPUs and dtype policy, driver/CUDA, memory, disk, container engine, kit images."""
+    """Report the host: GPUs, driver, memory, disk, container engine, images.
+
+    Report the host: NVIDIA GPUs and dtype policy, driver/CUDA, memory, disk, container engine, kit images."""
     report = D.collect()
     if json:
         print_json(report)

@@ -31,7 +31,9 @@ NEEDS = {"parquet": "pyarrow.parquet", "mlflow": "mlflow.tracking"}  # from the 
     },
 )
 def export(c, path, run=None, format=None, output=None, tracking_uri=None, experiment=None, report=None):
-    """Write runs' records as csv/jsonl/parquet rows or as vLLM benchmark result JSON, or log runs (parameters,
+    """Write runs' records as csv/jsonl/parquet or vLLM JSON, or log to MLflow.
+
+    Write runs' records as csv/jsonl/parquet rows or as vLLM benchmark result JSON, or log runs (parameters,
     summary metrics, acceptance ledger, manifest and summary) to MLflow; docs/use/exports.md names every field."""
     fmt = _format(format)
     if fmt in NEEDS:

@@ -34,7 +34,9 @@ def head_bench(
     repeats=3,
     output=None,
 ):
-    """Dense head vs coarse INT8 + refine (+ fallback) at real shapes, side by side as ratios, with the
+    """Dense head vs the certified coarse head at real shapes, as ratios.
+
+    Dense head vs coarse INT8 + refine (+ fallback) at real shapes, side by side as ratios, with the
     bytes-moved floor of each."""
     bench.main(
         device=device,
@@ -59,7 +61,9 @@ def head_bench(
     },
 )
 def head_study(c, run, k=64, group_size=None, int4_group_size=None, output=None):
-    """Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
+    """Replay a run's captured verification calls through the certified head.
+
+    Replay a run's captured verification calls through the certified head: row-wise vs prefix fallbacks,
     certified and uncertified rows, margins, the K that would have sufficed, ties; the INT8 and INT4 coarse tiers
     side by side; schema-valid JSON."""
     # lazy: head.study brings the tiny models' package (for the kit's head); the command line starts without it

@@ -51,7 +51,9 @@ def _warn(lines: list[str]) -> None:
     }
 )
 def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="docker", dry_run=False):
-    """Build one image from its Dockerfile: pinned base, build arguments and OCI labels, from the checkout."""
+    """Build one image from its Dockerfile, pinned, from the checkout.
+
+    Build one image from its Dockerfile: pinned base, build arguments and OCI labels, from the checkout."""
     root = I.checkout()
     lock = I.load_lock(I.lock_path(root))
     I.lock_entry(name, lock)
@@ -119,7 +121,9 @@ LOCK_HELP = "the lock to read and record in (default: $DRAFTSCOPE_IMAGES_LOCK, e
     },
 )
 def pull(c, name, ref=None, lock=None, engine="docker", dry_run=False):
-    """Pull an image by the digest the lock records (never by tag) and name it as the kit runs it."""
+    """Pull an image by the digest the lock records (never by tag).
+
+    Pull an image by the digest the lock records (never by tag) and name it as the kit runs it."""
     data = I.load_lock(Path(lock) if lock else None)
     steps = I.pull_steps(name, engine, data, ref)
     for argv in steps:
@@ -144,7 +148,9 @@ def pull(c, name, ref=None, lock=None, engine="docker", dry_run=False):
     },
 )
 def push(c, name, to=None, lock=None, engine="docker", dry_run=False):
-    """Push a built image (and its base, when built here) to a registry; record the digests read back in the lock."""
+    """Push a built image to a registry and record its digest in the lock.
+
+    Push a built image (and its base, when built here) to a registry; record the digests read back in the lock."""
     if not to:
         raise UserError("no destination given", field="--to", fix="add --to REGISTRY/NAMESPACE/REPO")
     path = Path(lock) if lock else I.active_lock_path()
@@ -168,7 +174,9 @@ def push(c, name, to=None, lock=None, engine="docker", dry_run=False):
 
 @command(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})
 def list_(c, engine="docker", json=False):
-    """The kit's images present locally (ID, digests, base) and what images.lock.json leaves unpinned."""
+    """The kit's images here: ID, digests, base, and what the lock leaves open.
+
+    The kit's images present locally (ID, digests, base) and what images.lock.json leaves unpinned."""
     lock = I.load_lock()
     rows: list[dict[str, Any]] = []
     for name in I.IMAGES:
@@ -223,7 +231,9 @@ def list_(c, engine="docker", json=False):
     }
 )
 def sbom(c, name, engine="docker", output=None, dry_run=False):
-    """Read the CycloneDX SBOM the image's build wrote (label io.draftscope.sbom), check that it is one naming the
+    """Read and check the SBOM an image's build wrote.
+
+    Read the CycloneDX SBOM the image's build wrote (label io.draftscope.sbom), check that it is one naming the
     image, and print it or write it to --output. The argv goes to stderr, so that stdout is the SBOM alone."""
     argv = I.sbom_argv(name, engine, I.load_lock())
     print(shell_join(argv), file=sys.stderr, flush=True)
@@ -260,7 +270,9 @@ def sbom(c, name, engine="docker", output=None, dry_run=False):
     }
 )
 def lock(c, tool="buildx", check=False):
-    """Resolve every base's digest (rewriting images.lock.json and the Dockerfiles).
+    """Resolve every base's digest into images.lock.json and the Dockerfiles.
+
+    Resolve every base's digest (rewriting images.lock.json and the Dockerfiles).
 
     Needs a machine that reaches the registries; run it after changing a base or a release.
     """

@@ -29,7 +29,9 @@ from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figu
     }
 )
 def reliability(c, seed=None, pytest_args="", workers=2):
-    """Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus and generated hostile values for
+    """Inject faults and hostile inputs into real runs; print the figures.
+
+    Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus and generated hostile values for
     every option of every command, search outputs for a planted secret; print faults injected/survived, bad inputs
     tried/refused (named and generated apart), records lost, torn lines, secrets found."""
     root = repo_root()

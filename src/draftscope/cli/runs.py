@@ -15,7 +15,9 @@ from draftscope.core.rundir import liveness
 
 @command(help={"run_dir": "the run directory (or pipeline workdir) to check"})
 def validate(c, run_dir):
-    """Validate every artifact of a run directory, or of a pipeline workdir, against its schema (a workdir's
+    """Validate every artifact of a run directory or pipeline workdir.
+
+    Validate every artifact of a run directory, or of a pipeline workdir, against its schema (a workdir's
     recorded outputs re-hashed too): one verdict line per file."""
     # lazy: ops.validate imports the stage registry (every stage); the command line starts without it
     from draftscope.ops.validate import validate_path
@@ -46,7 +48,9 @@ def _liveness_line(run_dir: str) -> str | None:
 
 @command(help={"run_dir": "the run directory whose supervisor was killed", "force": "skip the safety checks"})
 def recover(c, run_dir, force=False):
-    """Finish the record of a run whose supervisor was killed outright (SIGKILL, the OOM killer, a crash): stop
+    """Finish the record of a run whose supervisor was killed outright.
+
+    Finish the record of a run whose supervisor was killed outright (SIGKILL, the OOM killer, a crash): stop
     what its step left running, cut a torn last record, write the summary from the records kept and the status
     `interrupted` with the reason. A live or finished run is refused."""
     manifest = finish_run(Path(run_dir), force=force)

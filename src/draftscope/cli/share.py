@@ -15,7 +15,9 @@ from draftscope.core.errors import UserError
     }
 )
 def share(c, run, output=None, include_text=False, keep_paths=False):
-    """Pack a run: manifest, config, summary, records without prompt or generated text, hardware, SHA256SUMS.
+    """Pack a run to share: no prompt or generated text, with SHA256SUMS.
+
+    Pack a run: manifest, config, summary, records without prompt or generated text, hardware, SHA256SUMS.
 
     The host's absolute paths are rewritten (<run>/…, ~/…, …/NAME) unless --keep-paths."""
     # lazy: tarfile and gzip, only for `share`; the command line starts without them

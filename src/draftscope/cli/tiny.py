@@ -22,7 +22,9 @@ MAX_STEPS = 1_000_000  # training steps; the kit's own are a few thousand
     }
 )
 def build(c, check=False, install=False, target_steps=None, draft_steps=None, output=None):
-    """Rebuild the tiny tokenizer, target and draft from the standard library's sources; report per file whether
+    """Rebuild the tiny tokenizer, target and draft from standard sources.
+
+    Rebuild the tiny tokenizer, target and draft from the standard library's sources; report per file whether
     the rebuild reproduced the shipped SHA-256. --check verifies the shipped files instead of rebuilding."""
     # lazy: the tiny models' package (builder, rich's progress display); the command line starts without it
     from draftscope import tiny

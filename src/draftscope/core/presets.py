@@ -17,6 +17,7 @@ from draftscope.core.config import build, deep_merge, load_yaml, parse_opts, val
 from draftscope.core.errors import UserError
 from draftscope.core.hub import is_pinned
 from draftscope.core.resources import presets_dir
+from draftscope.core.schema import problems
 
 PIN_FIX = (
     "pin the full 40-character commit SHA of the repository (its hub page → 'Files and versions' → the commit, "
@@ -327,18 +328,43 @@ def load_model_preset(name: str) -> ModelPreset:
 
 
 def load_experiment(
-    name: str, overrides: Mapping[str, Any] | None = None, opts: Iterable[str] = ()
+    name: str,
+    overrides: Mapping[str, Any] | None = None,
+    opts: Iterable[str] = (),
+    *,
+    flags: Mapping[str, str] | None = None,
 ) -> ExperimentConfig:
-    """An experiment preset with overrides (from typed options and `--opts key=value`), validated as a whole."""
+    """An experiment preset with overrides (typed options, then `--opts key=value`), validated as a whole. `flags`
+    names the option that set each field (`{"device": "--device"}`): its problems are that option's, as typed."""
     path = _find(EXPERIMENT_DIR, name, "experiment preset")
     data = _load_file(path, "experiment")
-    merged = deep_merge(data, {k: v for k, v in (overrides or {}).items() if v is not None})
-    merged = deep_merge(merged, parse_opts(opts))
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    from_opts = parse_opts(opts)
+    merged = deep_merge(deep_merge(data, given), from_opts)
     source = f"{path} (with overrides)" if (overrides or opts) else str(path)
+    typed = {f: flag for f, flag in (flags or {}).items() if _has(given, f) and not _has(from_opts, f)}
+    for problem in problems(merged, "experiment") if typed else ():
+        field = problem.path.removeprefix("$.")
+        if field in typed:
+            raise UserError(problem.message, field=typed[field])
     validated(merged, "experiment", source)
-    config: ExperimentConfig = build(ExperimentConfig, merged)
+    try:
+        config: ExperimentConfig = build(ExperimentConfig, merged)
+    except UserError as exc:
+        if exc.source is None and exc.field in typed:
+            raise UserError(exc.message, field=typed[exc.field], value=exc.value, fix=exc.fix) from None
+        raise
     load_model_preset(config.model_preset)  # an unknown model preset is an error here, not at run time
     return config
+
+
+def _has(tree: Mapping[str, Any], dotted: str) -> bool:
+    node: Any = tree  # whether the nested mapping holds the dotted key
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def resolve_target(config: ExperimentConfig, preset: ModelPreset) -> HubRef | None:

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from draftscope.bench import options
-from draftscope.bench.plan import plan_benchmark, prompt_overrides, prompts_for
+from draftscope.bench.plan import plan_benchmark, prompts_for
 from draftscope.core import datasets
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import sha256_file
@@ -83,7 +83,7 @@ def test_max_prompts_works_on_any_prompt_file():
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
 def test_a_bad_max_prompts_is_named(value):
     with pytest.raises(UserError) as caught:
-        prompt_overrides(None, None, value)
+        options.experiment_config(max_prompts=value, **TINY)
     assert caught.value.field == "--max-prompts"
 
 

@@ -45,7 +45,11 @@ def test_an_experiment_without_backend_keeps_its_own_backend():
             "--backend: unknown backend 'sglang'; fix: choose one of: transformers, vllm",
         ),
         ({"repeats": "two"}, "--repeats: expected an integer (got 'two')"),
-        ({"memory_fraction": "most"}, "--memory-fraction: expected a number (got 'most')"),
+        (
+            {"memory_fraction": "most"},
+            "--memory-fraction: expected a number (got 'most'); fix: give a fraction of GPU memory in (0, 1], "
+            "e.g. --memory-fraction 0.6",
+        ),
         ({"capture_head": "1.5"}, "--capture-head: expected an integer (got '1.5')"),
     ],
 )

@@ -218,7 +218,10 @@ def test_draftscope_moves_extra_positionals_into_the_repeatable_option():
         ["analyze", "A", "--run", "B", "--report", "R", "--run", "C"],
         None,
     )
-    assert rewrite(["analyze", "A", "-e", "R", "B"], ns) == (["analyze", "A", "-e", "R", "--run", "B"], None)
+    assert rewrite(["analyze", "A", "--report", "R", "B"], ns) == (
+        ["analyze", "A", "--report", "R", "--run", "B"],
+        None,
+    )
     assert rewrite(["analyze", "A", "--report=R", "B"], ns) == (
         ["analyze", "A", "--report=R", "--run", "B"],
         None,

@@ -78,7 +78,7 @@ def test_a_task_body_turns_them_into_invokes_exit():
         ["-m", "draftscope.pipeline", "exec", "regen"],
         [
             "-m",
-            "draftscope.pipeline.slurm",
+            "draftscope.pipeline.batch",
             "run-step",
             "--plan",
             "/nonexistent/plan.json",
