@@ -204,13 +204,12 @@ def option_rows(cmd: Task) -> list[tuple[str, str]]:
     for row in sorted(table, key=lambda r: not r.positional):
         spec = row.flag if row.kind is bool or row.positional else f"{row.flag}={row.value_name}"
         facts = [row.type_text()]
-        if row.field is not None and value_of is not None:
-            default = value_of(row.field)
-            facts.append(f"default: {_shown(default)} ({source})")
-        elif row.kind is not bool and row.default is not None:
-            facts.append(f"default: {_shown(row.default)}")
-        elif row.positional:
+        if row.positional:
             facts.append("required")
+        elif row.field is not None and value_of is not None:
+            facts.append(f"default: {_shown(value_of(row.field))} ({source})")
+        elif row.kind is not bool and not row.repeatable:
+            facts.append(f"default: {row.default_text or _shown(row.default)}")
         facts = [f for f in facts if f]
         rows.append((spec, row.help + (f" [{'; '.join(facts)}]" if facts else "")))
     return rows

@@ -49,6 +49,7 @@ class Option:
     schema: Mapping[str, Any] | None = None  # the field's schema, where a generated one cannot say it ($refs)
     fix: str | None = None  # the fix an error about this value gives (the schema's x-fix)
     default: Any = None  # a command option's default (a field's is the preset's)
+    default_text: str | None = None  # the default in words, where the command works it out (`runs/NAME-<stamp>`)
     repeatable: bool = False
     positional: bool = False
     metavar: str | None = None  # the value's name in help (default: its type, or the positional's name)
