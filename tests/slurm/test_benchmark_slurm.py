@@ -5,7 +5,7 @@ supervisor runs in the job as a local run's (`--runtime local`).
 - `scancel` from outside, and SIGTERM of the submitting process, leave the run `interrupted` and nothing running;
 - a supervisor killed outright in its job (a node crash's stand-in) is reported with Slurm's state and
   `invoke recover RUN`, which then finishes the run;
-- a job past its Slurm time limit (forced below --max-seconds with the test-only DRAFTSCOPE_TEST_SLURM_JOB_TIME_S)
+- a job past its Slurm time limit (forced below --max-seconds with the test-only DRAFTSCOPE_TEST_JOB_TIME_S)
   leaves the run `timed_out`: that job is started first and checked last, so that its minute (Slurm checks limits
   about every 30 s) passes while the other tests run;
 - Slurm's refusals come before anything is written.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.bench.slurm import TEST_TIME_ENV
+from draftscope.bench.batch import TEST_TIME_ENV
 from draftscope.core.jsonio import read_json
 from draftscope.core.rundir import slurm_folder_of
 

@@ -378,8 +378,8 @@ def test_every_option_the_kit_writes_exists_in_this_slurm(cluster):
     from draftscope.execute.slurm.script import render
     from draftscope.pipeline import plan as planning
     from draftscope.pipeline import registry
+    from draftscope.pipeline.batch import jobs
     from draftscope.pipeline.config import load_pipeline_config
-    from draftscope.pipeline.slurm import jobs
     from draftscope.runtime import get_runtime
 
     def unrecognized(script: str) -> str:

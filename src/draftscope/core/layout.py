@@ -12,10 +12,11 @@ SUMMARY = "summary.json"
 CONFIG_SCHEMAS = {"benchmark": "experiment", "reproduce": "experiment"}
 
 
-SLURM_SUFFIX = ".slurm"  # a benchmark submitted to Slurm keeps its job files beside the run: `<run>.slurm/`
+# A benchmark submitted as a batch job keeps its job files beside the run: `<run>.slurm/`.
+BATCH_SUFFIX = ".slurm"
 
 
 def slurm_folder_of(output: Path) -> Path:
-    """Where a benchmark run's Slurm files live (ledger, job script, frozen config): beside the run, not in it."""
+    """Where a benchmark run's batch-job files live (ledger, job script, frozen config): beside the run, not in it."""
     output = Path(output).absolute()
-    return output.parent / f"{output.name}{SLURM_SUFFIX}"
+    return output.parent / f"{output.name}{BATCH_SUFFIX}"

@@ -35,7 +35,7 @@ except ImportError:  # Windows: no flock, so a run's supervisor holds no lock th
 from draftscope.core import schema as schemas
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, parse_json, read_json, sha256_file
-from draftscope.core.layout import CONFIG_SCHEMAS, MANIFEST, RECORDS, SLURM_SUFFIX, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
+from draftscope.core.layout import BATCH_SUFFIX, CONFIG_SCHEMAS, MANIFEST, RECORDS, SUMMARY, slurm_folder_of  # noqa: F401  (re-exported: the run's file names)
 from draftscope.core.outputs import check_output_path
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.core.untrusted import check_file

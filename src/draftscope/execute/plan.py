@@ -1,21 +1,25 @@
-"""What an executor consumes: a chain of jobs, each a step the kit runs on a node, with its resources and the jobs it
-waits for. Planners above (the pipeline: `pipeline/slurm/`; a benchmark: `bench/slurm.py`) decide which jobs a plan
-becomes and what each runs; the executor (`execute/slurm/`) renders, checks, submits, follows and cancels them, and
-never imports a planner: everything it needs about a job is in these types.
+"""What a batch launcher consumes: a chain of jobs, each a step the kit runs on a node, with its resources and the
+jobs it waits for. Planners above (the pipeline: `pipeline/batch/`; a benchmark: `bench/batch.py`) decide which
+jobs their work becomes and what each runs; a batch launcher (`execute/slurm/`) renders, checks, submits, follows
+and cancels them, and never imports a planner: everything it needs about a job is in these types.
 
 - `Resources`: what a job asks the scheduler for; `step_resources` derives them from a runtime `Step` by one rule
   for every planner (a step on "all GPUs" takes whole nodes; a CPU step one CPU).
 - `Placement`: the scheduler options a user sets (partition, account, QOS, time limit, CPUs, memory).
-- `InJob`: what a job script runs on its node — `python -m <module> <command> <args>` — and how the script helps it
-  stop (the SIGTERM trap's cleanup command), spread over nodes (`srun`, a rendezvous), or learn its array index.
+- `InJob`: what a job runs on its node — `python -m <module> <command> <args>` — and how its launcher helps it
+  stop (the SIGTERM trap's cleanup command), spread over nodes (one task per node, a rendezvous), or learn its
+  array index.
 - `Job`, `JobChain`: a job (key, kind, resources, array size, dependencies, script, log, what it runs) and the
   jobs of one submission with the interpreter they run the kit with.
+- `display`: an argv as the shell words a job's comments and the dry runs show.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,18 +64,14 @@ class InJob:
     SIGTERM trap that runs `<module> <cleanup> <args>` first (when set) and then waits for the command to record
     how its step ended."""
 
-    module: str  # the in-job entry point, e.g. "draftscope.pipeline.slurm"
+    module: str  # the in-job entry point, e.g. "draftscope.pipeline.batch"
     command: str  # its subcommand, e.g. "run-step"
     args: tuple[str, ...] = ()  # shared by the command and the cleanup
-    task_flag: str | None = (
-        None  # a job array: the option that passes each task its index ($SLURM_ARRAY_TASK_ID)
-    )
+    task_flag: str | None = None  # a job array: the option that passes each task its index
     cleanup: str | None = (
         None  # the trap's subcommand (remove the job's container: the engine's, not the job's)
     )
-    rendezvous: tuple[str, int] | None = (
-        None  # one task per node (srun): the option naming node 0, and its port
-    )
+    rendezvous: tuple[str, int] | None = None  # one task per node: the option naming node 0, and its port
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,12 @@ class Job:
     key: str  # unique in its chain: file and shell variable names ("regen", "regen.merge", "benchmark")
     stage: str  # what the job is part of (a pipeline stage, "fetch", "benchmark"): the ledger's `stage`
     kind: str  # the planner's word for the job, kept in the ledger (one of its schema's: step, shards, merge, …)
-    name: str  # --job-name
+    name: str  # the scheduler's name for the job
     resources: Resources
     run: InJob
     script: Path  # where the job script is written
-    log: Path  # --output; Slurm fills in %j (the job id), %A_%a (array and task)
-    chdir: Path  # --chdir
+    log: Path  # the job's output; the scheduler fills in %j (the job id), %A_%a (array and task)
+    chdir: Path  # the job's working directory
     array_size: int = 0  # tasks of a job array; 0: not an array
     after_ok: tuple[str, ...] = ()  # keys of the jobs this one waits for, successfully ended
     after_any: tuple[str, ...] = ()  # keys of the jobs this one waits for, however they ended
@@ -144,3 +144,12 @@ def step_resources(
         account=opts.account,
         qos=opts.qos,
     )
+
+
+# A word made of safe characters and `$name` references: printed unquoted, so that the shell expands them.
+_WITH_VARIABLES = re.compile(r"[\w\-=:.,/]*(\$[A-Za-z_]\w*[\w\-=:.,/]*)+")
+
+
+def display(argv: Sequence[str]) -> str:
+    """An argv as shell words: quoted, except the `$name` placeholders a job (or the dry run's script) fills in."""
+    return " ".join(a if _WITH_VARIABLES.fullmatch(a) else shlex.quote(a) for a in argv)

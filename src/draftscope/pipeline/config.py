@@ -146,21 +146,21 @@ class BenchOptions:
 
 @dataclass(frozen=True)
 class SlurmStageOptions:
-    """Per-stage overrides of the Slurm executor's settings (`slurm.stages.<stage>`)."""
+    """Per-stage overrides of the Slurm launcher's settings (`slurm.stages.<stage>`)."""
 
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    nodes: int | None = None  # train only: nodes for srun + torchrun
+    nodes: int | None = None  # train only: nodes for torchrun, one task per node
     shards: int | None = None  # regen and hsextract: array tasks, each a shard of the rows on its own node
     time_limit_s: float | None = None  # Slurm's --time (whole minutes, rounded up)
     cpus_per_task: int | None = None
-    mem: str | None = None  # sbatch --mem: per node, e.g. 64G; 0 = all of the node's memory
+    mem: str | None = None  # the job's memory per node, e.g. 64G; 0 = all of the node's memory
 
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """The Slurm executor (`--executor slurm`): where jobs go and how big they are. Unused by the local executor."""
+    """The Slurm launcher (`--executor slurm`): where jobs go and how big they are. Unused by the local launcher."""
 
     partition: str | None = None
     account: str | None = None
@@ -298,7 +298,7 @@ def check(config: PipelineConfig, preset: ModelPreset, source: str) -> None:
     for stage, options in config.slurm.stages.items():
         if options.nodes not in (None, 1) and stage != "train":
             raise UserError(
-                "only the train stage spans several nodes (srun + torchrun)",
+                "only the train stage spans several nodes (torchrun, one task per node)",
                 source=source,
                 field=f"slurm.stages.{stage}.nodes",
                 value=options.nodes,

@@ -17,7 +17,6 @@ import errno
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from draftscope.core.platforms import refusal
 from draftscope.core.progress import print_tail, watching
 from draftscope.core.provenance import command_line, kit_info, now
 from draftscope.core.schema import problems
+from draftscope.execute.outcomes import StageOutcome, in_order
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import state
 from draftscope.pipeline.base import CONFIG_FILE, STAGES_DIR, ResolvedInstance, StageContext, check_ports_free
@@ -43,14 +43,6 @@ from draftscope.runtime.step import Step
 from draftscope.tiny.assets import require_files
 
 Printer = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class StageOutcome:
-    stage: str
-    status: str  # completed | skipped | failed | timed_out | interrupted
-    reason: str | None = None
-    seconds: float = 0.0
 
 
 def not_built(sp: StagePlan, ctx: StageContext) -> str | None:
@@ -246,20 +238,14 @@ def _run_locked(
 ) -> list[StageOutcome]:
     write_frozen_config(plan, argv if argv is not None else sys.argv)
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
-    outcomes: list[StageOutcome] = []
     fetch = fetch_step(plan)
     if fetch is not None:
         say(f"fetch: downloading {plan.preset.hub.display()} into the hub cache")  # type: ignore[union-attr]
         result = runtime.run(fetch, ctx)
         if not result.ok:
-            outcomes.append(StageOutcome("fetch", result.status, result.reason, result.seconds))
-            return outcomes
-    for sp in plan.stages:
-        outcome = run_stage(plan, sp, runtime, ctx, force=force, say=say)
-        outcomes.append(outcome)
-        if outcome.status not in ("completed", "skipped"):
-            break
-    return outcomes
+            return [StageOutcome("fetch", result.status, result.reason, result.seconds)]
+    # Stage by stage, up to the first that did not complete (as a batch submission's outcomes are read).
+    return in_order(plan.stages, lambda sp: run_stage(plan, sp, runtime, ctx, force=force, say=say))
 
 
 def run_stage(
@@ -275,9 +261,9 @@ def run_stage(
     preconditions: bool = True,
 ) -> StageOutcome:
     """Run one stage unless its record lets it be skipped, and record how it ended. `execute` replaces
-    `runtime.run` (the Slurm executor: a job array's shards merged, Slurm's stop classified), `extra` adds
-    fields to the record (the Slurm job), `preconditions=False` skips the inputs and free-ports check (a merge
-    starts no server); the skip check, the argv and the record are the same either way."""
+    `runtime.run` (in a batch job: a job array's shards merged, the scheduler's stop classified), `extra` adds
+    fields to the record (the job), `preconditions=False` skips the inputs and free-ports check (a merge starts no
+    server); the skip check, the argv and the record are the same either way."""
     name = sp.stage.name
     argv = runtime.argv(sp.step, ctx)
     commands = [c.to_dict() for c in sp.commands]
@@ -300,7 +286,7 @@ def run_stage(
     result_file.unlink(missing_ok=True)
     say(f"{name}: running in {sp.step.image if runtime.name != 'local' else 'this environment'}")
     log = ctx.run_dir / "logs" / f"{sp.step.name}.log"
-    if execute is None:  # (a Slurm job's output is named by its executor)
+    if execute is None:  # (a batch job's output is named by its launcher)
         say(f"{name}: log: {log}")
     started_at = now()
     probe = StageProbe(sp, log)

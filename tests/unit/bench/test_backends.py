@@ -237,7 +237,7 @@ def test_a_toy_backends_rules_are_checked_when_planned(toy):
 
 
 def test_a_toy_backends_dry_run_plan_and_slurm_pieces(toy, tmp_path):
-    from draftscope.bench.slurm import gpus_used
+    from draftscope.bench.batch import gpus_used
     from draftscope.bench.supervisor import dry_run_lines
     from draftscope.cli.render import plan_lines
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from draftscope.bench import slurm as benchmark
+from draftscope.bench import batch as benchmark
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json
 from draftscope.core.presets import load_experiment

@@ -15,7 +15,7 @@ import pytest
 from draftscope.core.schema import problems
 from draftscope.execute.plan import InJob, Job, JobChain, Placement, Resources, step_resources
 from draftscope.execute.slurm import client
-from draftscope.execute.slurm.executor import POLL_INTERVAL_S
+from draftscope.execute.slurm.launcher import POLL_INTERVAL_S
 from draftscope.execute.slurm.ledger import Ledger, Submitted
 from draftscope.execute.slurm.script import dependency, render, submission_lines
 from draftscope.execute.slurm.states import JobState
@@ -146,7 +146,7 @@ def test_the_benchmarks_poll_interval_is_the_pipelines_default():
 def test_the_executor_loads_nothing_above_it():
     """`lint-imports` checks the imports as written; this checks what loading the executor actually loads."""
     code = (
-        "import json, sys, draftscope.execute.plan, draftscope.execute.slurm.executor, "
+        "import json, sys, draftscope.execute.plan, draftscope.execute.slurm.launcher, "
         "draftscope.execute.slurm.node, draftscope.execute.slurm.options; "
         "print(json.dumps(sorted({m.split('.')[1] for m in sys.modules if m.startswith('draftscope.')})))"
     )

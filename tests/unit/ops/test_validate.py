@@ -178,7 +178,8 @@ def test_the_ledger_schema_refuses_what_the_kit_never_writes(change, path):
 def test_an_array_tasks_outcome_is_checked_before_it_is_written(tmp_path, monkeypatch):
     from draftscope.core.errors import UserError
     from draftscope.core.jsonio import read_json
-    from draftscope.pipeline.slurm import node, shards
+    from draftscope.pipeline.batch import commands as node
+    from draftscope.pipeline.batch import shards
 
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "9")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")

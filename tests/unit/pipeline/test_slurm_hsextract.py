@@ -17,8 +17,8 @@ from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.execute.slurm.script import render
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
+from draftscope.pipeline.batch import jobs, shards
 from draftscope.pipeline.config import load_pipeline_config
-from draftscope.pipeline.slurm import jobs, shards
 from draftscope.pipeline.stages import hsextract
 from draftscope.pipeline.stages.hsextract.runner import block, client_rows
 from draftscope.runtime import Outcome, get_runtime
@@ -182,7 +182,7 @@ def test_the_array_and_its_check_job():
     shown = next(line for line in check.splitlines() if "hsextract-check" in line)
     assert "--gpus" not in shown and "--extractor vllm --hidden-size 5120" in shown
     assert "/draftscope/run/hsextract/summary.json" in shown
-    from draftscope.pipeline.slurm import planfile
+    from draftscope.pipeline.batch import planfile
 
     doc = planfile.document(jp, force=False)
     assert doc["stages"]["hsextract"]["kind"] == "shards" and doc["stages"]["hsextract"]["shards"] == 2
@@ -190,7 +190,7 @@ def test_the_array_and_its_check_job():
 
 
 def test_the_node_commands_parse():
-    from draftscope.pipeline.slurm.__main__ import parser
+    from draftscope.pipeline.batch.__main__ import parser
 
     args = parser().parse_args(["check", "--plan", "p", "--stage", "hsextract"])
     assert args.command == "check"
@@ -336,7 +336,8 @@ def test_hsextract_check_names_the_missing_rows(tmp_path, monkeypatch):
 
 def test_a_task_of_a_complete_stage_starts_nothing(tmp_path, monkeypatch):
     """A resubmission for an earlier stage submits hsextract again; its tasks skip as the check job will."""
-    from draftscope.pipeline.slurm import node, planfile
+    from draftscope.pipeline.batch import commands as node
+    from draftscope.pipeline.batch import planfile
 
     slurm = {"stages": {"hsextract": {"shards": 2}}}
     plan, jp = build(

@@ -22,8 +22,8 @@ from draftscope.execute.plan import minutes
 from draftscope.execute.slurm.script import dependency, render, slurm_time
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
+from draftscope.pipeline.batch import jobs, planfile, shards
 from draftscope.pipeline.config import load_pipeline_config
-from draftscope.pipeline.slurm import jobs, planfile, shards
 from draftscope.runtime import ContainerRuntime, Context, get_runtime
 
 from support import sbatch_lines, wall_bound
@@ -204,7 +204,7 @@ def test_job_scripts_trap_sigterm_and_remove_the_container():
     jp = build(slurm={"nodes": 2})
     script = render(jp, jp.job("regen"))
     assert script.startswith("#!/bin/bash\n")
-    assert f"kit=({PYTHON} -m draftscope.pipeline.slurm)" in script
+    assert f"kit=({PYTHON} -m draftscope.pipeline.batch)" in script
     assert 'args=(--plan /tmp/w/slurm/plan.json --stage regen --shard "$SLURM_ARRAY_TASK_ID")' in script
     assert '"${kit[@]}" cleanup "${args[@]}"' in script and "trap on_term TERM" in script
     assert script.index("trap on_term TERM") < script.index(
@@ -387,7 +387,7 @@ def test_dry_run_of_all_stages_prints_scripts_and_sbatch_lines_creates_nothing_i
 
 
 def test_dry_run_in_process_is_well_under_a_second():
-    from draftscope.pipeline.slurm import submit
+    from draftscope.pipeline.batch import submit
 
     resolved = load_pipeline_config(preset="qwen38-27b", overrides={"slurm": {"nodes": 4}})
     started = time.monotonic()

@@ -15,8 +15,8 @@ from draftscope.core.schema import problems
 from draftscope.execute.slurm import states
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
+from draftscope.pipeline.batch import shards
 from draftscope.pipeline.config import load_pipeline_config
-from draftscope.pipeline.slurm import shards
 from draftscope.pipeline.stages.regen.client import Row, shard_rows
 
 ROWS = 7
@@ -293,7 +293,8 @@ def test_the_paths_of_a_shard_are_its_own(tmp_path: Path):
 def test_the_merge_job_records_the_shards_image_without_a_container_engine(tmp_path, monkeypatch):
     """A merge job's node may have no engine: the record's image facts are those the shards read where they ran,
     and its command is the stage's own (so a resubmission skips it)."""
-    from draftscope.pipeline.slurm import jobs, node, planfile
+    from draftscope.pipeline.batch import commands as node
+    from draftscope.pipeline.batch import jobs, planfile
     from draftscope.runtime import get_runtime
 
     chat = tmp_path / "chat.jsonl"

@@ -22,8 +22,8 @@ from draftscope.core.platforms import IMAGE_USER
 from draftscope.core.presets import experiment_preset_names, load_experiment, model_preset_names
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
+from draftscope.pipeline.batch import jobs, shards
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
-from draftscope.pipeline.slurm import jobs, shards
 from draftscope.runtime import ContainerRuntime, Context
 from draftscope.runtime.container import TMPFS, container_user, hand_over
 from draftscope.runtime.step import CPU_LIMITS, CREDENTIALS, FETCH_LIMITS, GPU_LIMITS, Limits, Step
@@ -246,7 +246,7 @@ def test_hand_over_refuses_a_system_folder(folder):
 
 def test_the_slurm_dry_run_shows_the_fetch_job_with_its_argv_and_credential_names(monkeypatch, tmp_path):
     from draftscope.pipeline import runner
-    from draftscope.pipeline.slurm import submit
+    from draftscope.pipeline.batch import submit
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # the snapshot is missing: fetch runs
     resolved = load_pipeline_config(preset="qwen3-8b", overrides={"slurm": {"partition": "gpu"}})

@@ -15,11 +15,12 @@ from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, read_json
 from draftscope.core.provenance import command_line, now
 from draftscope.core.schema import check
+from draftscope.execute.base import LEDGER_FILE
 from draftscope.execute.plan import Job
 from draftscope.execute.slurm import client
 from draftscope.execute.slurm.states import JobState
 
-JOBS_FILE = "jobs.json"
+JOBS_FILE = LEDGER_FILE
 LEDGER_VERSION = 1
 LEDGER_SCHEMA = "slurm-jobs"
 
@@ -115,3 +116,21 @@ class Ledger:
         check(self.data, LEDGER_SCHEMA, str(self.path))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.path, self.data)
+
+
+def array_in(path: Path, stage: str, job_id: str | None) -> str | None:
+    """The id of `stage`'s job array (its `shards` job) in the latest submission of ledger `path` that holds job
+    `job_id` (the job after the array); None when no submission does, or without a ledger (a job run by hand, a
+    torn file)."""
+    try:
+        submissions = list(read_json(path)["submissions"])
+    except Exception:
+        return None
+    for submission in reversed(submissions):
+        jobs = [j for j in submission.get("jobs") or () if isinstance(j, dict)]
+        if job_id and any(j.get("job_id") == job_id for j in jobs):
+            return next(
+                (str(j["job_id"]) for j in jobs if j.get("stage") == stage and j.get("kind") == "shards"),
+                None,
+            )
+    return None

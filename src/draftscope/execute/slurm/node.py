@@ -1,76 +1,77 @@
-"""Inside a Slurm job: what every in-job entry point needs (the pipeline's `python -m draftscope.pipeline.slurm`, a
-benchmark's `python -m draftscope.bench.slurm`), whatever step it runs.
+"""Inside a Slurm job: what the Slurm launcher knows of the job a process runs in (`execute.base.JobNode`, reached
+through `execute.injob.here`), whatever step it runs.
 
-Slurm stops a job with SIGTERM, then SIGKILL after KillWait. `stops_interrupt` turns the SIGTERM into the
-KeyboardInterrupt the runtimes already handle (they stop the step: its container by name, or the local process
-group); `stop_grace` kills the step `MARGIN_S` before KillWait runs out, so the record is written before Slurm's
-own SIGKILL; `explain_stop` asks Slurm why the job was stopped: a time limit (`Reason=TimeLimit`) is `timed_out`,
-anything else (scancel, preemption) `interrupted`. `remove_container` is the job script's SIGTERM trap: `scancel`
-ends the engine's client but not the container it started. `main_guard` gives every in-job command the same exit
-codes: 2 for a user error (one line), 143 when stopped before anything could be recorded.
+Slurm stops a job with SIGTERM, then SIGKILL after KillWait. `stop_grace` kills the step `MARGIN_S` before KillWait
+runs out, so the record is written before Slurm's own SIGKILL; `explain_stop` asks Slurm why the job was stopped: a
+time limit (`Reason=TimeLimit`) is `timed_out`, anything else (scancel, preemption) `interrupted`. `task_ends` is
+Slurm's account of a job array's tasks, for the job after the array. The job's facts come from its environment
+(`env`); outside a job every answer is the plain one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftscope.core.errors import UserError, run_main
-from draftscope.execute.slurm import client, states
+from draftscope.core.errors import UserError
+from draftscope.execute.base import TaskEnd
+from draftscope.execute.slurm import client, env, ledger, script, states
 from draftscope.runtime import Context, Outcome
 from draftscope.runtime.step import Step
 
-Say = Callable[[str], None]
+name = "slurm"  # the launcher's name, and the key of a record's entry about its job
+title = "Slurm"
+SPREAD = script.SPREAD  # node count, rank, job id and first node, as the job script spells them
 MARGIN_S = 2.0  # what the kit needs after stopping its step: ask Slurm why, write the record
 
 
-def say(text: str) -> None:
-    print(text, flush=True)
+def script_name(key: str) -> str:
+    return f"{key}.sbatch"
+
+
+def in_job() -> bool:
+    return env.job_id() is not None
 
 
 def job_id() -> str | None:
     """This job's id as squeue shows it: `12`, or `12_3` for a task of array 12."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    array, task = env.array_job_id(), env.array_task_id()
     if array and task is not None:
         return f"{array}_{task}"
-    return os.environ.get("SLURM_JOB_ID")
+    return env.job_id()
 
 
-def slurm_entry(**more: Any) -> dict[str, Any]:
+def own_id() -> str | None:
+    """SLURM_JOB_ID: unique per array task too."""
+    return env.job_id()
+
+
+def array_job_id() -> str | None:
+    return env.array_job_id()
+
+
+def nodes() -> str | None:
+    return env.node_list()
+
+
+def spread() -> tuple[str, str, str]:
+    """A job over nodes (one srun task per node): (node count, this node's rank, the job id they share)."""
+    return env.node_count() or "1", env.node_id() or "0", env.job_id() or "draftscope"
+
+
+def record_entry(**more: Any) -> dict[str, Any]:
     """The `slurm` entry of a record this job writes: its id, its nodes, and `more`."""
-    nodes = os.environ.get("SLURM_JOB_NODELIST")
-    entry: dict[str, Any] = {"job_id": job_id() or "none", "nodes": nodes}
+    entry: dict[str, Any] = {"job_id": job_id() or "none", "nodes": nodes()}
     entry.update({k: v for k, v in more.items() if v is not None})
-    return {"slurm": entry}
-
-
-@contextlib.contextmanager
-def stops_interrupt() -> Iterator[None]:
-    """Slurm's SIGTERM interrupts the wait for the step (as Ctrl-C does), once: the runtime then stops the step
-    and the record is written before KillWait runs out. A second SIGTERM is ignored while that happens."""
-
-    def stopped(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stopped)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return {name: entry}
 
 
 def stop_grace(default: float = Context.grace_seconds) -> float:
     """How long the step may take to end after SIGTERM before the kit kills it, inside a job: short enough that
     the record is written before Slurm's own SIGKILL (KillWait after its SIGTERM, 30 s by default, often less)."""
-    if not os.environ.get("SLURM_JOB_ID"):
+    if not in_job():
         return default
     wait = client.kill_wait()
     return default if wait is None else max(1.0, min(default, wait - MARGIN_S))
@@ -83,7 +84,7 @@ def job_context(run_dir: Path) -> Context:
 
 def own_state() -> states.JobState | None:
     """This job's record in slurmctld (SLURM_JOB_ID is unique per array task too)."""
-    ident = os.environ.get("SLURM_JOB_ID")
+    ident = own_id()
     if not ident:
         return None
     try:
@@ -95,7 +96,7 @@ def own_state() -> states.JobState | None:
 
 def explain_stop(outcome: Outcome) -> Outcome:
     """An interrupted outcome inside a Slurm job, explained by Slurm: timed out, or cancelled / preempted."""
-    if outcome.status == "interrupted" and os.environ.get("SLURM_JOB_ID"):
+    if outcome.status == "interrupted" and in_job():
         status, reason = states.stop_cause(own_state())
         outcome = dataclasses.replace(outcome, status=status, reason=reason)
     return outcome
@@ -110,22 +111,23 @@ def classified(run: Callable[[Step, Context], Outcome]) -> Callable[[Step, Conte
     return execute
 
 
-def remove_container(engine: str | None, name: str) -> None:
-    """Remove a container now, by the name the runtime gave it (docker, podman; anything else has none)."""
-    if engine not in ("docker", "podman"):
-        return
-    # No grace: Slurm's SIGKILL follows within KillWait; --init has already passed SIGTERM to the step.
-    extra = ["--time", "0"] if engine == "podman" else []
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run([engine, "rm", "--force", *extra, name], capture_output=True, timeout=30, check=False)
-
-
-def main_guard(fn: Callable[[], int]) -> int:
-    """Run an in-job command under Slurm's SIGTERM handling: user errors as one line (exit 2, `run_main`), a stop
-    before anything could be recorded as 143."""
+def task_ends(array: str) -> dict[int, TaskEnd]:
+    """Task index → Slurm's record of that task of job array `array` (a task cancelled before it started may be
+    kept as one record of a range, `12_[0-3]`: a task's own record wins); empty when Slurm does not answer."""
     try:
-        with stops_interrupt():
-            return run_main(fn)
-    except KeyboardInterrupt:
-        print("stopped (SIGTERM) before the step could be recorded", file=sys.stderr, flush=True)
-        return 143
+        found = client.show(array) or []
+    except UserError:
+        return {}
+    ends: dict[int, TaskEnd] = {}
+    for record in sorted(
+        found, key=lambda r: not (r.array_task or "").isdigit()
+    ):  # a task's record, then ranges
+        if record.status:
+            for index in states.task_indices(record.array_task or ""):
+                ends.setdefault(index, record)
+    return ends
+
+
+def array_in(path: Path, stage: str) -> str | None:
+    """The id of `stage`'s job array in the ledger's submission that holds this job (the job after the array)."""
+    return ledger.array_in(path, stage, own_id())

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-from draftscope.execute.plan import Job, JobChain, Resources
+from draftscope.execute.plan import Job, JobChain, Resources, display
 from draftscope.execute.slurm.client import submit_argv
+
+# A job over nodes, as its script spells them: the node count, each node's rank, the job id they share (Slurm sets
+# these on every node), and the allocation's first node (the script's own variable, the rendezvous host).
+SPREAD = ("$SLURM_NNODES", "$SLURM_NODEID", "$SLURM_JOB_ID", "$head_node")
 
 
 def slurm_time(total_minutes: int) -> str:
@@ -25,15 +29,6 @@ def slurm_time(total_minutes: int) -> str:
     days, rest = divmod(total_minutes, 1440)
     hours, mins = divmod(rest, 60)
     return f"{days}-{hours:02d}:{mins:02d}:00"
-
-
-# A word made of safe characters and `$name` references: printed unquoted, so that the shell expands them.
-_WITH_VARIABLES = re.compile(r"[\w\-=:.,/]*(\$[A-Za-z_]\w*[\w\-=:.,/]*)+")
-
-
-def display(argv: Sequence[str]) -> str:
-    """An argv as shell words: quoted, except the `$name` placeholders a job (or the dry run's script) fills in."""
-    return " ".join(a if _WITH_VARIABLES.fullmatch(a) else shlex.quote(a) for a in argv)
 
 
 def sbatch_header(
@@ -80,10 +75,11 @@ def job_body(python: str, job: Job) -> list[str]:
     if run.rendezvous:
         flag, port = run.rendezvous
         gres = f" --gres=gpu:{job.resources.gpus}" if job.resources.gpus else ""
+        count, head = SPREAD[0], SPREAD[3]
         launch = [
-            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            f'srun --nodes="$SLURM_NNODES" --ntasks-per-node=1{gres} --kill-on-bad-exit=1 \\',
-            f'  "${{kit[@]}}" {run.command} "${{args[@]}}" {flag} "$head_node:{port}" &',
+            f'{head[1:]}=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f'srun --nodes="{count}" --ntasks-per-node=1{gres} --kill-on-bad-exit=1 \\',
+            f'  "${{kit[@]}}" {run.command} "${{args[@]}}" {flag} "{head}:{port}" &',
         ]
     else:
         launch = [f'"${{kit[@]}}" {run.command} "${{args[@]}}" &']
@@ -135,7 +131,7 @@ def variable(key: str) -> str:
 
 def submission_lines(chain: JobChain) -> list[str]:
     """The sbatch lines in submission order, each job's id kept in a shell variable that later jobs depend on (as
-    `executor.submit_all` runs them, with the ids as variables)."""
+    `launcher.submit_all` runs them, with the ids as variables)."""
     placeholders = {j.key: f"${variable(j.key)}" for j in chain.jobs}
     return [
         f"{variable(job.key)}=$({display(submit_argv(job.script, dependency(job, placeholders)))})"

@@ -12,8 +12,10 @@ Facts this is built on (Slurm 22.05, measured on a single-node cluster; ../share
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from draftscope.execute.outcomes import worst
 
 # Terminal states and the run status each maps to (run-manifest vocabulary).
 TERMINAL: dict[str, str] = {
@@ -40,8 +42,6 @@ EXPLAINED: dict[str, str] = {
     "OUT_OF_MEMORY": "ran out of memory (OUT_OF_MEMORY)",
     "BOOT_FAIL": "could not boot its node (BOOT_FAIL)",
 }
-# Worst first: the status of a job array (or of a stage's jobs) is the worst of its tasks'.
-SEVERITY = ("failed", "timed_out", "interrupted", "completed")
 # A pending job whose reason says it can never start.
 DEAD_PENDING = (
     "DependencyNeverSatisfied",
@@ -150,12 +150,6 @@ def task_indices(text: str) -> list[int]:
         if first.isdigit() and (not last or last.isdigit()):
             indices += range(int(first), int(last or first) + 1)
     return indices
-
-
-def worst(statuses: Iterable[str]) -> str:
-    """The most severe of several run statuses (`completed` if there are none)."""
-    present = set(statuses)
-    return next((s for s in SEVERITY if s in present), "completed")
 
 
 def stop_cause(record: JobState | None) -> tuple[str, str]:

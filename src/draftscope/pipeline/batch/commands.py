@@ -1,11 +1,12 @@
-"""Inside a pipeline's Slurm job: run one stage (or one shard, or one node's part of training) through the runtime,
+"""Inside a pipeline's batch job: run one stage (or one shard, or one node's part of training) through the runtime,
 merge regen's shards or check hsextract's whole output after a job array, or remove a job's container.
 
 A stage's job calls the runner's own `run_stage`, so the skip check, the preconditions, the outputs' validation
-and the stage record are a local run's; the record gains a `slurm` entry (job id, nodes). Slurm's SIGTERM stops
-the step through the runtime, before KillWait runs out, and the record says why (`execute.slurm.node`: a time
-limit is `timed_out`, anything else `interrupted`). An array task writes a `running` outcome before its step
-starts, for the job after the array to go by if the task is killed before it can write its end.
+and the stage record are a local run's; the record gains an entry about the job from its launcher (`slurm`: job
+id, nodes). The scheduler's SIGTERM stops the step through the runtime, before the scheduler kills the job, and the
+record says why (`execute.injob.here`: a time limit is `timed_out`, anything else `interrupted`). An array task
+writes a `running` outcome before its step starts, for the job after the array to go by if the task is killed
+before it can write its end.
 
 Exit status: 0 when the stage completed (or was already complete), 1 when not, 2 for a user error, 143 when
 stopped before anything could be recorded.
@@ -14,7 +15,6 @@ stopped before anything could be recorded.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +22,10 @@ from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json
 from draftscope.core.provenance import now
 from draftscope.core.schema import check as check_schema
-from draftscope.execute.slurm.node import (
-    Say,
-    classified,
-    job_context,
-    job_id,
-    remove_container,
-    say,
-    slurm_entry,
-)
+from draftscope.execute.injob import Say, here, remove_container, say
 from draftscope.pipeline import runner
+from draftscope.pipeline.batch import jobs, planfile, shards
 from draftscope.pipeline.plan import StagePlan
-from draftscope.pipeline.slurm import jobs, planfile, shards
 from draftscope.runtime import Context, Outcome
 from draftscope.runtime.base import container_name
 from draftscope.runtime.step import Step
@@ -46,13 +38,14 @@ def run_step(
 ) -> int:
     loaded = planfile.load(plan_file)
     plan, runtime = loaded.plan, loaded.runtime
-    ctx = job_context(plan.workdir)
+    node = here()
+    ctx = node.job_context(plan.workdir)
     if stage == "fetch":
         step = runner.fetch_step(plan)
         if step is None:
             say("fetch: the target snapshot is already in the hub cache")
             return 0
-        outcome = classified(runtime.run)(step, ctx)
+        outcome = node.classified(runtime.run)(step, ctx)
         say(f"fetch: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
         return 0 if outcome.ok else 1
     job = loaded.job(stage)
@@ -65,7 +58,14 @@ def run_step(
     if job["kind"] == "torchrun":
         return run_torchrun(loaded, rdzv_endpoint, say=say)
     outcome = runner.run_stage(
-        plan, sp, runtime, ctx, force=force, say=say, execute=classified(runtime.run), extra=slurm_entry()
+        plan,
+        sp,
+        runtime,
+        ctx,
+        force=force,
+        say=say,
+        execute=node.classified(runtime.run),
+        extra=node.record_entry(),
     )
     return 0 if outcome.status in ("completed", "skipped") else 1
 
@@ -78,7 +78,8 @@ def run_shard(loaded: planfile.Loaded, shard: int, *, stage: str = shards.STAGE,
     count = int(loaded.job(stage)["shards"])
     if not 0 <= shard < count:
         raise UserError(f"{stage} has {count} shard(s)", field="--shard", value=shard)
-    ctx = job_context(plan.workdir)
+    node = here()
+    ctx = node.job_context(plan.workdir)
     workdir = plan.workdir
     reason = jobs.skip_reason(workdir, sp, runtime)
     if reason and not loaded.doc["force"]:
@@ -119,8 +120,8 @@ def run_shard(loaded: planfile.Loaded, shard: int, *, stage: str = shards.STAGE,
         f"{sp.step.image if runtime.name != 'local' else 'this environment'}"
     )
     started_at = now()
-    # Recorded before the step starts: a task killed before it can say how it ended (SIGKILL after KillWait, a
-    # lost node) leaves its job id, and the job after the array asks Slurm about it.
+    # Recorded before the step starts: a task killed before it can say how it ended (the scheduler's SIGKILL, a
+    # lost node) leaves its job id, and the job after the array asks the scheduler about it.
     _record_shard(
         workdir,
         stage,
@@ -133,7 +134,7 @@ def run_shard(loaded: planfile.Loaded, shard: int, *, stage: str = shards.STAGE,
         image=image,
         started_at=started_at,
     )
-    outcome = classified(runtime.run)(sharded.step, ctx)
+    outcome = node.classified(runtime.run)(sharded.step, ctx)
     _record_shard(
         workdir,
         stage,
@@ -168,6 +169,7 @@ def _record_shard(
     started_at: str,
 ) -> None:
     """How an array task ended, for the job after the array: `slurm/shards/<stage>/<shard>.json`."""
+    node = here()
     record = {
         "shard": shard,
         "shards": count,
@@ -175,9 +177,9 @@ def _record_shard(
         "reason": reason,
         "exit_code": exit_code,
         "seconds": round(seconds, 3),
-        "job_id": job_id(),
-        "array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
-        "nodes": os.environ.get("SLURM_JOB_NODELIST"),
+        "job_id": node.job_id(),
+        "array_job_id": node.array_job_id(),
+        "nodes": node.nodes(),
         "image": image,
         "started_at": started_at,
         "finished_at": None if status == "running" else now(),
@@ -189,8 +191,8 @@ def _record_shard(
 
 
 def run_torchrun(loaded: planfile.Loaded, endpoint: str | None, *, say: Say = say) -> int:
-    """One node's part of training across nodes (one srun task per node). Node 0 runs the stage as a whole run
-    does and writes the record; the others run the same step (their torchrun joins the rendezvous)."""
+    """One node's part of training across nodes (one task per node). Node 0 runs the stage as a whole run does and
+    writes the record; the others run the same step (their torchrun joins the rendezvous)."""
     plan = loaded.plan
     config = plan.config
     if not endpoint:
@@ -201,17 +203,14 @@ def run_torchrun(loaded: planfile.Loaded, endpoint: str | None, *, say: Say = sa
         )
     sp = loaded.stage("train")
     shown, runtime = jobs.record_step(sp, loaded.runtime, config)
-    rank = os.environ.get("SLURM_NODEID", "0")
+    node = here()
+    count, rank, shared_id = node.spread()
     real = jobs.torchrun_argv(
-        sp.step.argv,
-        nnodes=os.environ.get("SLURM_NNODES", "1"),
-        node_rank=rank,
-        endpoint=endpoint,
-        rdzv_id=os.environ.get("SLURM_JOB_ID", "draftscope"),
+        sp.step.argv, nnodes=count, node_rank=rank, endpoint=endpoint, rdzv_id=shared_id
     )
     node_step = dataclasses.replace(sp.step, argv=real)
-    ctx = job_context(plan.workdir)
-    run = classified(runtime.run)
+    ctx = node.job_context(plan.workdir)
+    run = node.classified(runtime.run)
 
     def execute(step: Step, ctx: Context) -> Outcome:
         return run(node_step, ctx)  # the record shows the template; this node runs it with its values
@@ -225,7 +224,7 @@ def run_torchrun(loaded: planfile.Loaded, endpoint: str | None, *, say: Say = sa
         outcome = execute(shown.step, ctx)
         say(f"train: node {rank}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
         return 0 if outcome.ok else 1
-    entry = slurm_entry(node_count=int(os.environ.get("SLURM_NNODES", "1")), rendezvous=endpoint)
+    entry = node.record_entry(node_count=int(count), rendezvous=endpoint)
     outcome = runner.run_stage(
         plan, shown, runtime, ctx, force=bool(loaded.doc["force"]), say=say, execute=execute, extra=entry
     )
@@ -273,7 +272,7 @@ def merge(plan_file: Path, stage: str, *, say: Say = say) -> int:
     say(f"{stage}: merging the {count} shard(s) of job array {array or '?'} here, in the kit's environment")
 
     def execute(step: Step, ctx: Context) -> Outcome:
-        return shards.merged_outcome(plan, sp, count, job_id())
+        return shards.merged_outcome(plan, sp, count, here().job_id())
 
     def tell(text: str) -> None:  # the merge runs here, in the kit, not in the stage's image
         if not text.startswith(f"{stage}: running in "):
@@ -290,12 +289,13 @@ def check(plan_file: Path, stage: str, *, say: Say = say) -> int:
         plan_file, stage, shards.HSEXTRACT, f"stage {stage} has no check job", "check --stage hsextract"
     )
     plan, runtime = loaded.plan, loaded.runtime
-    ctx = job_context(plan.workdir)
+    node = here()
+    ctx = node.job_context(plan.workdir)
     say(f"{stage}: checking the output of the {count} task(s) of job array {array or '?'}")
-    run = classified(runtime.run)
+    run = node.classified(runtime.run)
 
     def execute(step: Step, ctx: Context) -> Outcome:
-        return shards.checked_outcome(plan, sp, runtime, count, job_id(), run=run, ctx=ctx)
+        return shards.checked_outcome(plan, sp, runtime, count, node.job_id(), run=run, ctx=ctx)
 
     # The check starts no server (the stage's ports may be taken on this node).
     return _record_after_array(loaded, sp, runtime, ctx, execute, array, count, say)
@@ -312,15 +312,16 @@ def _record_after_array(loaded, sp, runtime, ctx, execute, array, count, say: Sa
         force=bool(loaded.doc["force"]),
         say=say,
         execute=execute,
-        extra=slurm_entry(array_job_id=array, shards=count),
+        extra=here().record_entry(array_job_id=array, shards=count),
         preconditions=False,
     )
     return 0 if outcome.status in ("completed", "skipped") else 1
 
 
 def cleanup(plan_file: Path, stage: str, *, shard: int | None = None, check: bool = False) -> int:
-    """Remove the job's container at once (the job script's SIGTERM trap): `scancel` ends the engine's client but
-    not the container it started. By name, which the runtime derives from the run directory and the step."""
+    """Remove the job's container at once (the job script's SIGTERM trap): cancelling the job ends the engine's
+    client but not the container it started. By name, which the runtime derives from the run directory and the
+    step."""
     doc = planfile.read(plan_file)
     engine = doc["runtime"]
     if engine not in ("docker", "podman"):

@@ -1,4 +1,4 @@
-"""regen and hsextract as Slurm job arrays: each task runs one shard of the stage; one more job accounts for all.
+"""regen and hsextract as job arrays: each task runs one shard of the stage; one more job accounts for all.
 
 regen: shard I of N takes input rows k with k mod N == I (`regen_client --shard I --shards N`, a split that does
 not depend on what earlier attempts finished) and runs the stage's own step with its own files, so that tasks on
@@ -8,7 +8,7 @@ one node or one shared folder never touch each other's:
   (CPU shards share a node; GPU shards have whole nodes, where the shift is harmless),
 - result `stages/regen.shard-I.result.json`, server logs `logs/regen.shard-I/`, container `…-regen.shard-I-…`.
 Each task writes how it ended to `slurm/shards/regen/I.json` (`running` first, before its step starts: a task
-killed before it can write its end is then explained from Slurm's record of it, `slurm_accounts`).
+killed before it can write its end is then explained from the scheduler's record of it, `task_accounts`).
 
 The merge job then checks every shard completed and accounts for every input row (ok + errors == input, no id
 twice, no row missing), and writes the stage's outputs as a single run writes them: `regen/rows.jsonl` and
@@ -43,12 +43,13 @@ from typing import Any
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json, parse_json, read_json
 from draftscope.core.schema import check
-from draftscope.execute.slurm import client
-from draftscope.execute.slurm.states import JobState, task_indices, worst
+from draftscope.execute.base import TaskEnd
+from draftscope.execute.injob import here
+from draftscope.execute.outcomes import worst
 from draftscope.pipeline.__main__ import RESULT_SCHEMA_VERSION, save_result
 from draftscope.pipeline.base import Command, ResolvedInstance, StageContext
+from draftscope.pipeline.batch.layout import JOBS_DIR, ledger_path
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
-from draftscope.pipeline.slurm.layout import SLURM_DIR, ledger_path
 from draftscope.pipeline.stages import hsextract, regen
 from draftscope.pipeline.stages.regen.client import account, read_rows, shard_rows
 from draftscope.runtime import Context, Outcome, Runtime
@@ -75,7 +76,7 @@ OUTCOME_SCHEMA = "slurm-shard"  # slurm/shards/<stage>/<I>.json
 
 
 def outcomes_dir(workdir: Path, stage: str = STAGE) -> Path:
-    return workdir / SLURM_DIR / "shards" / stage
+    return workdir / JOBS_DIR / "shards" / stage
 
 
 def outcome_path(workdir: Path, shard: int, stage: str = STAGE) -> Path:
@@ -163,52 +164,27 @@ def shard_outcomes(workdir: Path, shards: int, stage: str = STAGE) -> list[dict[
 
 def array_job(workdir: Path, stage: str, outcomes: Sequence[dict[str, Any] | None]) -> str | None:
     """The stage's job array id: from a task's outcome, else (no task ever started) from the ledger's submission
-    that holds this job (`SLURM_JOB_ID`, the merge or check job); None when neither says."""
+    that holds this job (the merge or check job); None when neither says."""
     found = next((o.get("array_job_id") for o in outcomes if o and o.get("array_job_id")), None)
     if found:
         return str(found)
-    me = os.environ.get("SLURM_JOB_ID")
-    try:
-        ledger = read_json(ledger_path(workdir))
-        submissions = list(ledger["submissions"])
-    except Exception:  # no ledger (a job run by hand), or a torn one
-        return None
-    for submission in reversed(submissions):
-        jobs = [j for j in submission.get("jobs") or () if isinstance(j, dict)]
-        if me and any(j.get("job_id") == me for j in jobs):
-            return next(
-                (str(j["job_id"]) for j in jobs if j.get("stage") == stage and j.get("kind") == "shards"),
-                None,
-            )
-    return None
+    return here().array_in(ledger_path(workdir), stage)
 
 
-def slurm_accounts(array: str | None, outcomes: Sequence[dict[str, Any] | None]) -> dict[int, JobState]:
-    """Shard → Slurm's record of its task, asked only when a shard left no final outcome (killed before it could
-    write one, or cancelled before it started: Slurm may keep such tasks as one record of a range, `12_[0-3]`);
-    empty when the array is unknown or Slurm does not answer."""
+def task_accounts(array: str | None, outcomes: Sequence[dict[str, Any] | None]) -> dict[int, TaskEnd]:
+    """Shard → the scheduler's record of its task, asked only when a shard left no final outcome (killed before it
+    could write one, or cancelled before it started); empty when the array is unknown or the scheduler does not
+    answer."""
     if not array or all(o is not None and o.get("status") != "running" for o in outcomes):
         return {}
-    try:
-        found = client.show(str(array)) or []
-    except UserError:
-        return {}
-    accounts: dict[int, JobState] = {}
-    own_first = sorted(
-        found, key=lambda r: not (r.array_task or "").isdigit()
-    )  # a task's record, then ranges
-    for record in own_first:
-        if record.status:
-            for index in task_indices(record.array_task or ""):
-                accounts.setdefault(index, record)
-    return accounts
+    return here().task_ends(str(array))
 
 
 def not_completed(
-    outcomes: Sequence[dict[str, Any] | None], array_log: str, accounts: dict[int, JobState] | None = None
+    outcomes: Sequence[dict[str, Any] | None], array_log: str, accounts: dict[int, TaskEnd] | None = None
 ) -> tuple[str, str] | None:
     """(status, reason) when a shard did not complete; None when all did. A shard that recorded no end (`None`, or
-    still `running`) is explained by Slurm's record of its task (`accounts`) when there is one."""
+    still `running`) is explained by the scheduler's record of its task (`accounts`) when there is one."""
     accounts = accounts or {}
     ended: list[tuple[int, str, str]] = []  # shard, status, why
     for i, o in enumerate(outcomes):
@@ -242,11 +218,11 @@ def array_end(
     workdir: Path, stage: str, shards: int
 ) -> tuple[list[dict[str, Any] | None], str | None, tuple[str, str] | None]:
     """How a stage's job array ended, for the job after it: the tasks' outcomes, the array's id, and (status,
-    reason) when a task did not complete (`not_completed`, with Slurm's records of the silent tasks)."""
+    reason) when a task did not complete (`not_completed`, with the scheduler's records of the silent tasks)."""
     outcomes = shard_outcomes(workdir, shards, stage)
     array = array_job(workdir, stage, outcomes)
     log = workdir / "logs" / f"slurm-{stage}-{array or '?'}_<shard>.out"
-    return outcomes, array, not_completed(outcomes, str(log), slurm_accounts(array, outcomes))
+    return outcomes, array, not_completed(outcomes, str(log), task_accounts(array, outcomes))
 
 
 def _index(path: Path) -> dict[str, tuple[int, int]]:

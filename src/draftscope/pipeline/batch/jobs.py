@@ -1,20 +1,20 @@
-"""Which Slurm jobs a pipeline plan becomes (a chain of `execute.plan.Job`s the executor renders and submits), and
+"""Which batch jobs a pipeline plan becomes (a chain of `execute.plan.Job`s the launcher renders and submits), and
 the stage → job decisions the host and the jobs share. Pure: nothing is written and nothing is run here, so the dry
 run prints exactly what a submission writes and submits.
 
-One job per stage, in stage order, each depending on the one before (`--dependency=afterok:<id>`):
-- `step`: the stage's Step, resources from it (GPUs as `--gres=gpu:N`; "all GPUs" as the whole node: the
-  config's `gpus`, `--exclusive`, `--mem=0`), the time limit from the stage's.
+One job per stage, in stage order, each waiting for the one before to end successfully:
+- `step`: the stage's Step, resources from it (GPUs per node; "all GPUs" as the whole node: the config's `gpus`,
+  exclusive, all its memory), the time limit from the stage's.
 - `shards` (regen, hsextract): a job array, one task per shard of the rows (regen: row k → shard k mod N;
-  hsextract: speculators' contiguous blocks by world size and rank), each on its own node, then one job `afterany` (it runs
-  even when a shard failed, to record how) that writes the stage record: regen's `merge` checks every row is
+  hsextract: speculators' contiguous blocks by world size and rank), each on its own node, then one job that runs
+  however the array ended (to record how) and writes the stage record: regen's `merge` checks every row is
   accounted for and merges the shards' files into the stage's outputs; hsextract's `check` runs the whole-output
   check in the stage's image (every row has its file; the tasks wrote into the shared folder).
-- `torchrun` (train on GPUs): `srun` starts one task per node; each runs the step with torchrun's `--standalone`
-  replaced by a c10d rendezvous at the allocation's first node.
+- `torchrun` (train on GPUs): one task per node; each runs the step with torchrun's `--standalone` replaced by a
+  c10d rendezvous at the allocation's first node.
 
-Inside every job the kit runs the stage (`python -m draftscope.pipeline.slurm run-step`) through the same runtime as a
-local run (docker, podman or local), so the in-container argv is the local run's (shards add their shard options,
+Inside every job the kit runs the stage (`python -m draftscope.pipeline.batch run-step`) through the same runtime as
+a local run (docker, podman or local), so the in-container argv is the local run's (shards add their shard options,
 training its rendezvous), and each job writes the stage record a local run writes.
 """
 
@@ -26,30 +26,36 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftscope.core.errors import UserError
-from draftscope.execute.plan import Fields, InJob, Job, JobChain, Placement, Resources, step_resources
-from draftscope.execute.slurm import script
-from draftscope.execute.slurm.script import display
+from draftscope.execute import registry
+from draftscope.execute.injob import here
+from draftscope.execute.plan import (
+    Fields,
+    InJob,
+    Job,
+    JobChain,
+    Placement,
+    Resources,
+    display,
+    step_resources,
+)
 from draftscope.pipeline import state
+from draftscope.pipeline.batch import layout
+from draftscope.pipeline.batch.shards import check_step
 from draftscope.pipeline.config import PipelineConfig, SlurmStageOptions
 from draftscope.pipeline.plan import PipelinePlan, StagePlan, fetch_step
-from draftscope.pipeline.slurm import layout
-from draftscope.pipeline.slurm.shards import check_step
 from draftscope.runtime import Context, Runtime
 from draftscope.runtime.step import Step
 
-MODULE = (
-    "draftscope.pipeline.slurm"  # what the job scripts run: `python -m draftscope.pipeline.slurm COMMAND`
-)
+MODULE = "draftscope.pipeline.batch"  # what the job scripts run: `python -m MODULE COMMAND`
 MERGE_MINUTES = 30  # a merge job reads and writes regen's rows once; a check job lists the files once
 # The stages that run as a job array, and the job that follows the array: (key suffix, kind).
 ARRAY_STAGES = {"regen": ("merge", "merge"), "hsextract": ("check", "check")}
-# Placeholders in the torchrun line of a multi-node job, filled in on each node (see `torchrun_argv`).
-NNODES, NODE_RANK, JOB_ID, HEAD = "$SLURM_NNODES", "$SLURM_NODEID", "$SLURM_JOB_ID", "$head_node"
+ORDER = "each job waits for the one before; a failed dependency cancels the rest"  # the dry run's words
 
 
 @dataclass(frozen=True)
 class JobPlan(JobChain):
-    """The jobs of one pipeline submission (a chain the executor submits), and the plan they came from."""
+    """The jobs of one pipeline submission (a chain the launcher submits), and the plan they came from."""
 
     plan: PipelinePlan
 
@@ -74,7 +80,7 @@ def kind_of(sp: StagePlan) -> str:
 
 
 def stage_options(config: PipelineConfig, stage: str) -> SlurmStageOptions:
-    """The stage's Slurm settings: its own overrides over the top-level ones."""
+    """The stage's batch-job settings (`slurm.stages.<stage>`): its own overrides over the top-level ones."""
     top = config.slurm
     own = config.slurm.stages.get(stage) or SlurmStageOptions()
     return SlurmStageOptions(
@@ -125,10 +131,12 @@ def torchrun_argv(
 
 
 def torchrun_template(step: Step, port: int) -> Step:
-    """The multi-node step as the record and the dry run show it: the per-job values as placeholders (each node
-    fills them in), so the record's command — and the skip check built on it — does not change per job."""
+    """The multi-node step as the record and the dry run show it: the per-job values as the launcher's placeholders
+    (each node fills them in), so the record's command — and the skip check built on it — does not change per
+    job."""
+    nnodes, node_rank, job_id, head = here().SPREAD
     argv = torchrun_argv(
-        step.argv, nnodes=NNODES, node_rank=NODE_RANK, endpoint=f"{HEAD}:{port}", rdzv_id=JOB_ID
+        step.argv, nnodes=nnodes, node_rank=node_rank, endpoint=f"{head}:{port}", rdzv_id=job_id
     )
     return replace(step, argv=argv)
 
@@ -222,17 +230,8 @@ def build(
         opts = stage_options(config, name)
         if kind == "shards":
             shards = opts.shards or 1
-            jobs.append(
-                job(
-                    name,
-                    name,
-                    "shards",
-                    res,
-                    array_size=shards,
-                    after_ok=previous,
-                    about=_describe(sp, runtime, ctx, config, kind, shards=shards),
-                )
-            )
+            about = _describe(sp, runtime, ctx, config, kind, shards=shards)
+            jobs.append(job(name, name, "shards", res, array_size=shards, after_ok=previous, about=about))
             suffix, after = ARRAY_STAGES[name]
             merge_res = Resources(
                 cpus_per_task=1,
@@ -242,7 +241,7 @@ def build(
                 qos=res.qos,
             )
             if after == "merge":
-                about: tuple[str, ...] = (
+                about = (
                     f"account for every row of the {shards} shard(s) (ok + errors == input), merge their files "
                     f"into {name}/ and write stages/{name}.json",
                 )
@@ -264,16 +263,8 @@ def build(
                 value=opts.nodes,
                 fix="train on one node (--nodes 1), or on GPUs (device: cuda) for torchrun across nodes",
             )
-        jobs.append(
-            job(
-                name,
-                name,
-                kind,
-                res,
-                after_ok=previous,
-                about=_describe(sp, runtime, ctx, config, kind, nodes=res.nodes),
-            )
-        )
+        about = _describe(sp, runtime, ctx, config, kind, nodes=res.nodes)
+        jobs.append(job(name, name, kind, res, after_ok=previous, about=about))
         previous = (name,)
     return JobPlan(runtime=runtime.name, python=python, jobs=tuple(jobs), plan=plan)
 
@@ -292,8 +283,8 @@ def _job(
     about: tuple[str, ...] = (),
 ) -> Job:
     """One job of the chain: the kit's `run-step` (`merge`, `check`) for its stage, with a SIGTERM trap that
-    removes the step's container before the job ends (scancel alone leaves it running); training across nodes
-    through srun, node 0 as the rendezvous."""
+    removes the step's container before the job ends (cancelling the job alone leaves it running); training across
+    nodes as one task per node, node 0 as the rendezvous."""
     workdir = plan.workdir
     container = runtime.name != "local" and kind != "merge"  # the merge runs in the kit, not in an image
     run = InJob(
@@ -374,22 +365,22 @@ def _describe(
 # --- the dry run ------------------------------------------------------------------------------------------------
 
 
-def dry_run_lines(jp: JobPlan, skipped: Sequence[tuple[str, str]] = ()) -> list[str]:
-    """Every job script, then the sbatch lines in submission order, each with its dependency."""
+def heading(jp: JobPlan, skipped: Sequence[tuple[str, str]] = (), executor: str = "slurm") -> list[str]:
+    """The dry run's first lines: what is submitted, where its files go, the plan's notes, the stages skipped."""
     plan = jp.plan
     lines = [
         f"# draftscope pipeline: draft {plan.config.draft}, preset {plan.preset.name}, runtime {jp.runtime}, "
-        f"executor slurm, workdir {plan.workdir}",
+        f"executor {executor}, workdir {plan.workdir}",
         f"# config: {plan.source}",
         f"# {len(jp.jobs)} job(s); the job scripts and {jp.plan_file.name} go to {jp.folder}/, the jobs' output "
         f"to {plan.workdir / layout.LOGS_DIR}/",
     ]
     lines += [f"# note: {n}" for n in plan.notes]
     lines += [f"# {stage}: skipped ({why})" for stage, why in skipped]
-    lines += script.script_lines(jp)
-    lines += [
-        "",
-        "# ===== submission (each job waits for the one before; a failed dependency cancels the rest)",
-        *script.submission_lines(jp),
-    ]
     return lines
+
+
+def dry_run_lines(jp: JobPlan, skipped: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Every job script, then the submission lines in order, each with its dependency."""
+    launcher = registry.batch(here().name)
+    return launcher.chain_lines(heading(jp, skipped, launcher.name), jp, ORDER)

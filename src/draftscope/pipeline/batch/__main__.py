@@ -1,4 +1,4 @@
-"""`python -m draftscope.pipeline.slurm COMMAND`: what a pipeline's job scripts run on a node.
+"""`python -m draftscope.pipeline.batch COMMAND`: what a pipeline's job scripts run on a node.
 
 - `run-step --plan P --stage S [--shard I] [--rdzv-endpoint HOST:PORT]`: one stage (one shard of a job array,
   one node of a training job) through the runtime; writes the stage record (or the shard's outcome).
@@ -6,7 +6,7 @@
 - `check --plan P --stage hsextract`: after hsextract's job array: check every row's file, write the record.
 - `cleanup --plan P --stage S [--shard I] [--check]`: remove the job's container now (the SIGTERM trap).
 
-A benchmark's job runs `python -m draftscope.bench.slurm` instead.
+A benchmark's job runs `python -m draftscope.bench.batch` instead.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from draftscope.execute.slurm.node import main_guard
-from draftscope.pipeline.slurm import node
+from draftscope.execute.injob import main_guard
+from draftscope.pipeline.batch import commands
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
-        prog="python -m draftscope.pipeline.slurm",
+        prog="python -m draftscope.pipeline.batch",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--plan", required=True, type=Path, help="the workdir's slurm/plan.json")
         p.add_argument("--stage", required=True)
         if name not in ("merge", "check"):
-            p.add_argument("--shard", type=int, default=None, help="the array task ($SLURM_ARRAY_TASK_ID)")
+            p.add_argument("--shard", type=int, default=None, help="the array task's index")
         if name == "cleanup":
             p.add_argument("--check", action="store_true", help="the check job's container")
         if name == "run-step":
@@ -48,13 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "run-step":
         return main_guard(
-            lambda: node.run_step(args.plan, args.stage, shard=args.shard, rdzv_endpoint=args.rdzv_endpoint)
+            lambda: commands.run_step(
+                args.plan, args.stage, shard=args.shard, rdzv_endpoint=args.rdzv_endpoint
+            )
         )
     if args.command == "merge":
-        return main_guard(lambda: node.merge(args.plan, args.stage))
+        return main_guard(lambda: commands.merge(args.plan, args.stage))
     if args.command == "check":
-        return main_guard(lambda: node.check(args.plan, args.stage))
-    return main_guard(lambda: node.cleanup(args.plan, args.stage, shard=args.shard, check=args.check))
+        return main_guard(lambda: commands.check(args.plan, args.stage))
+    return main_guard(lambda: commands.cleanup(args.plan, args.stage, shard=args.shard, check=args.check))
 
 
 if __name__ == "__main__":

@@ -1,35 +1,44 @@
-"""The Slurm executor, host side: check a chain of jobs, write their scripts, submit them, follow them, cancel them on
-Ctrl-C. A planner (the pipeline, a benchmark) builds the chain (`execute.plan`) and reads the outcomes it cares
-about; nothing here knows what a job runs.
+"""The Slurm launcher: a planner's work (`execute.base.Batch`) as a chain of batch jobs, checked, written, submitted,
+followed, and cancelled on Ctrl-C or SIGTERM. The planner builds the chain (`execute.plan`) and reads the outcomes
+it cares about; nothing here knows what a job runs.
 
-1. `validate`: `sbatch --test-only` of every job script (partition, account, QOS, resources), before anything is
+`launch` runs a submission in this order (the planner's hooks in brackets):
+1. `ready`: Slurm's client commands are here; [preflight]; the ledger refuses to race an earlier submission's
+   jobs still queued or running; [jobs].
+2. `validate`: `sbatch --test-only` of every job script (partition, account, QOS, resources), before anything is
    written or submitted.
-2. `write_scripts`: the job scripts, and the folders of their logs (Slurm does not create them: a job whose output
-   folder is missing fails without a word).
-3. `submit_all`: `sbatch --parsable`, each job after the ones it waits for (`afterok`, or `afterany` for a job that
+3. [write]; `write_scripts`: the job scripts, and the folders of their logs (Slurm does not create them: a job
+   whose output folder is missing fails without a word).
+4. `submit_all`: `sbatch --parsable`, each job after the ones it waits for (`afterok`, or `afterany` for a job that
    runs however they ended); `--kill-on-invalid-dep=yes` cancels the rest of the chain when a job fails. A chain is
-   submitted whole or not at all.
-4. `follow`: `scontrol show job -o` per job every `poll` seconds; state changes are printed and kept in the ledger.
-   Ctrl-C (and a SIGTERM the caller turns into one) cancels every submitted job that has not ended (`scancel`) and
-   waits for them to end. Slurm's end states map onto the run's statuses (`states`).
+   submitted whole or not at all ([discard] when it is not).
+5. The ledger keeps the submission; [announce]; `follow` ([following] around it): `scontrol show job -o` per job
+   every `poll` seconds; state changes are printed and kept in the ledger. Ctrl-C or SIGTERM cancels every
+   submitted job that has not ended (`scancel`) and waits for them to end. Slurm's end states map onto the run's
+   statuses (`states`); [outcome].
+
+`dry_run_lines` prints what a submission writes and runs (`script`), and runs no Slurm command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.execute.plan import JobChain
-from draftscope.execute.slurm import client, script
+from draftscope.execute.base import POLL_INTERVAL_S, Batch, Printer
+from draftscope.execute.plan import Job, JobChain
+from draftscope.execute.slurm import client, node, script
 from draftscope.execute.slurm.ledger import Ledger, Submitted
 from draftscope.execute.slurm.states import JobState, summarize
+from draftscope.runtime.base import sigterm_interrupts
 
-Printer = Callable[[str], None]
+__all__ = ["POLL_INTERVAL_S", "SlurmLauncher"]
 CANCEL_WAIT_S = 120.0
-UNREACHABLE_S = 300.0  # how long the executor keeps asking a controller that does not answer
-POLL_INTERVAL_S = 5.0  # the pipeline's default slurm.poll_interval_s, and a benchmark's
+UNREACHABLE_S = 300.0  # how long the launcher keeps asking a controller that does not answer
 TICK_S = 0.5  # how often a callable `poll` is asked again while waiting
 
 
@@ -60,8 +69,8 @@ def write_scripts(chain: JobChain) -> None:
 
 
 def submit_all(chain: JobChain) -> list[Submitted]:
-    """Submit in order. If Slurm refuses one midway, the jobs already submitted are cancelled: a chain is
-    submitted whole or not at all."""
+    """Submit in order. If Slurm refuses one midway (or the submission is stopped), the jobs already submitted are
+    cancelled: a chain is submitted whole or not at all."""
     ids: dict[str, str] = {}
     submitted: list[Submitted] = []
     try:
@@ -190,3 +199,62 @@ def pause(poll: float | Callable[[], float]) -> None:
     started = time.monotonic()
     while (left := poll() - (time.monotonic() - started)) > 0:
         time.sleep(min(left, TICK_S))
+
+
+# --- the launcher ------------------------------------------------------------------------------------------------
+
+
+class SlurmLauncher:
+    """`--executor slurm`: the work as Slurm batch jobs, each running the planner's in-job entry point on its node
+    through the same runtime as a local run."""
+
+    name = "slurm"
+    node = node
+
+    def ready(self) -> None:
+        client.require("sbatch")
+
+    def job_text(self, chain: JobChain, job: Job) -> str:
+        """The job as submitted: its script."""
+        return script.render(chain, job)
+
+    def chain_lines(self, heading: Sequence[str], chain: JobChain, order: str | None) -> list[str]:
+        """Every job script of the chain after `heading`, then the sbatch lines in submission order; `order` (how
+        the jobs wait for each other) heads them, and without it the one job's sbatch line stands alone."""
+        lines = [*heading, *script.script_lines(chain), ""]
+        if order is None:
+            (job,) = chain.jobs
+            return [*lines, "# ===== submission", script.display(client.submit_argv(job.script, None))]
+        return [*lines, f"# ===== submission ({order})", *script.submission_lines(chain)]
+
+    def dry_run_lines(self, work: Batch[Any]) -> list[str]:
+        heading, chain = work.dry_run(self.name)
+        return self.chain_lines(heading, chain, work.order)
+
+    def launch(self, work: Batch[Any], *, argv: list[str], say: Printer) -> Any:
+        self.ready()
+        work.preflight()
+        ledger = Ledger(work.folder, work.ledger)
+        ledger.refuse_active()
+        chain = work.jobs(say)
+        if chain is None:
+            return work.outcome([], say)
+        validate(chain)
+        with sigterm_interrupts():  # SIGTERM, like Ctrl-C, cancels the jobs (`follow`)
+            work.write(chain, argv)
+            try:
+                write_scripts(chain)
+                submitted = submit_all(chain)
+            except BaseException:
+                work.discard()
+                raise
+            with contextlib.ExitStack() as stack:
+                try:
+                    ledger.add(submitted, argv, runtime=chain.runtime, python=chain.python)
+                    say(work.announce(submitted))
+                    stack.enter_context(work.following(say))
+                except BaseException:  # stopped before following began: the jobs go too
+                    client.cancel([s.job_id for s in submitted])
+                    raise
+                follow(submitted, ledger, poll=work.poll, say=say, resume=work.resume)
+        return work.outcome(submitted, say)

@@ -19,9 +19,9 @@ from draftscope.core.presets import load_model_preset
 from draftscope.core.provenance import now
 from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry
+from draftscope.pipeline.batch.jobs import JobPlan
 from draftscope.pipeline.config import PipelineConfig, Resolved, check
 from draftscope.pipeline.plan import PipelinePlan, StagePlan
-from draftscope.pipeline.slurm.jobs import JobPlan
 from draftscope.runtime import Runtime, get_runtime
 
 SCHEMA_VERSION = 1

@@ -1,36 +1,37 @@
-"""`invoke benchmark --executor slurm`: one benchmark as one Slurm batch job, through the same plan.
+"""`invoke benchmark --executor slurm`: one benchmark as one batch job, through the same plan.
 
-Inside the job the kit's supervisor runs on the compute node as a local run's would (`python -m draftscope.bench.slurm
+Inside the job the kit's supervisor runs on the compute node as a local run's would (`python -m draftscope.bench.batch
 run-benchmark`, the submitting host's Python: `supervisor.run_benchmark` with the config frozen at submission),
 so the run directory, its manifest, records, time limit (`--max-seconds`) and container runtime are a local
-run's. The submitting side only submits, follows and reports.
+run's. The submitting side hands the launcher this benchmark's part of a submission (`BenchmarkWork`, an
+`execute.base.Batch`); the launcher submits, follows and cancels the job.
 
 Files (the run directory itself must not exist before the supervisor creates it exclusively, so the job's files
 sit next to it, in `<run>.slurm/`, created exclusively at submission):
 
-    <run>.slurm/benchmark.sbatch   the job script
-    <run>.slurm/benchmark.json     what the job runs: the frozen config, the run directory, the command line, and
-                                   the steps' argv and prompts hash the job checks its own plan against
-    <run>.slurm/jobs.json          the job id, its Slurm state and log (as the pipeline's slurm/jobs.json)
-    <run>.slurm/slurm-<id>.out     the job's output: the supervisor's lines
+    <run>.slurm/benchmark.<script>  the job script (its name is the launcher's)
+    <run>.slurm/benchmark.json      what the job runs: the frozen config, the run directory, the command line, and
+                                    the steps' argv and prompts hash the job checks its own plan against
+    <run>.slurm/jobs.json           the job id, its state and log (as the pipeline's slurm/jobs.json)
+    <run>.slurm/slurm-<id>.out      the job's output: the supervisor's lines
 
 Resources come from the plan's benchmark step as the pipeline's come from a stage's (`execute.plan.step_resources`): a
-GPU benchmark ("all GPUs") takes a whole node (`--exclusive`, `--mem=0`) with `--gres=gpu:N`, N the GPUs the
-benchmark uses (vLLM's tensor_parallel_size, else 1); a CPU benchmark one CPU. The job's `--time` is the plan's
-limits summed (the benchmark step's `--max-seconds`; the fetch step has no limit of its own and counts when the
-pinned snapshots are already in the hub cache, where it only checks them) plus MARGIN_S for the supervisor's
-start-up and its final record, in whole minutes: the supervisor's own limit fires first and records `timed_out`
-itself. A snapshot still to be downloaded inside the job leaves the time to the partition's default.
+GPU benchmark ("all GPUs") takes a whole node (exclusive, all its memory) with N GPUs, N the GPUs the benchmark
+uses (vLLM's tensor_parallel_size, else 1); a CPU benchmark one CPU. The job's time limit is the plan's limits
+summed (the benchmark step's `--max-seconds`; the fetch step has no limit of its own and counts when the pinned
+snapshots are already in the hub cache, where it only checks them) plus MARGIN_S for the supervisor's start-up and
+its final record, in whole minutes: the supervisor's own limit fires first and records `timed_out` itself. A
+snapshot still to be downloaded inside the job leaves the time to the partition's default.
 
-Following: the Slurm executor's `follow` (scontrol every POLL_INTERVAL_S, sooner once the run's manifest is final),
-the run's records printed as they land; Ctrl-C or SIGTERM cancels the job (scancel), and the supervisor in the
-job, stopped by Slurm's SIGTERM, records the run as `interrupted` (or `timed_out` at Slurm's time limit). The
-outcome is the run's own final status; the Slurm job id and end state are added to the manifest's notes. A job
-that ended while the run recorded no end (NODE_FAIL, SIGKILL after KillWait) is reported with Slurm's state and
-`invoke recover RUN`, which is never run automatically: the submitting host (a login node) can neither see the
-node's processes nor remove the containers a job leaves on its node.
+Following: the launcher's (every POLL_INTERVAL_S, sooner once the run's manifest is final), the run's records
+printed as they land; Ctrl-C or SIGTERM cancels the job, and the supervisor in the job, stopped by the scheduler's
+SIGTERM, records the run as `interrupted` (or `timed_out` at the scheduler's time limit). The outcome is the run's
+own final status; the job id and end state are added to the manifest's notes. A job that ended while the run
+recorded no end (a lost node, the scheduler's SIGKILL) is reported with the scheduler's state and `invoke recover
+RUN`, which is never run automatically: the submitting host (a login node) can neither see the node's processes
+nor remove the containers a job leaves on its node.
 
-`python -m draftscope.bench.slurm run-benchmark --job <run>.slurm/benchmark.json` is what the job script runs
+`python -m draftscope.bench.batch run-benchmark --job <run>.slurm/benchmark.json` is what the job script runs
 (`run_benchmark`); `cleanup-benchmark --job …` removes the benchmark's containers at once (its SIGTERM trap).
 
 Over ~400 lines on purpose: the submitting side and the in-job side share the job's file layout and its frozen
@@ -40,11 +41,12 @@ config, and change together.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from typing import Any
 from draftscope.bench.plan import Plan, plan_benchmark
 from draftscope.bench.progress import Progress
 from draftscope.bench.supervisor import context_for, preflight
+from draftscope.bench.supervisor import dry_run_lines as local_dry_run_lines
 from draftscope.bench.supervisor import run_benchmark as supervise
 from draftscope.core.config import build as build_config
 from draftscope.core.config import to_dict
@@ -60,40 +63,28 @@ from draftscope.core.hub import fetch_argv, hub_cache_dir, hub_snapshot
 from draftscope.core.jsonio import atomic_write_json, read_json, read_submitted
 from draftscope.core.presets import ExperimentConfig
 from draftscope.core.provenance import now
-from draftscope.core.rundir import (
-    FINAL,
-    RECORDS,
-    SLURM_SUFFIX,
-    RunDir,
-    check_run_name,
-    liveness,
-    slurm_folder_of,
-)
-from draftscope.execute.plan import Fields, InJob, Job, JobChain, Placement, step_resources
-from draftscope.execute.slurm import client, executor, script
-from draftscope.execute.slurm.executor import POLL_INTERVAL_S, Printer
-from draftscope.execute.slurm.ledger import JOBS_FILE, Ledger, Submitted
-from draftscope.execute.slurm.node import explain_stop, job_id, main_guard, remove_container, say, stop_grace
-from draftscope.execute.slurm.states import JobState
+from draftscope.core.rundir import FINAL, RECORDS, RunDir, check_run_name, liveness, slurm_folder_of
+from draftscope.execute import registry
+from draftscope.execute.base import LEDGER_FILE, POLL_INTERVAL_S, Ended, Printer, TaskEnd
+from draftscope.execute.injob import here, main_guard, remove_container, say
+from draftscope.execute.plan import Fields, InJob, Job, JobChain, Placement, display, step_resources
 from draftscope.runtime import Context, get_runtime
-from draftscope.runtime.base import container_name, sigterm_interrupts, tail
+from draftscope.runtime.base import container_name, tail
 
 MODULE = (
-    "draftscope.bench.slurm"  # what the job script runs: `python -m draftscope.bench.slurm run-benchmark`
+    "draftscope.bench.batch"  # what the job script runs: `python -m draftscope.bench.batch run-benchmark`
 )
-SUFFIX = SLURM_SUFFIX
-SCRIPT_FILE = "benchmark.sbatch"
 JOB_FILE = "benchmark.json"
 LOG_FILE = "slurm-%j.out"
-# Slurm's limit = the plan's limits + this, in whole minutes: the kit's start-up on the node (imports, preflight,
-# the image facts, the fetch step's check of cached snapshots) and the final record (summary, validation).
+# The scheduler's limit = the plan's limits + this, in whole minutes: the kit's start-up on the node (imports,
+# preflight, the image facts, the fetch step's check of cached snapshots) and the final record (summary, validation).
 MARGIN_S = 120.0
-# Tests only: the job's --time in seconds (whole minutes, rounded up) instead of the plan's limits + MARGIN_S, so
-# that Slurm's limit can come before the supervisor's own.
-TEST_TIME_ENV = "DRAFTSCOPE_TEST_SLURM_JOB_TIME_S"
-FINAL_POLL_S = 1.0  # once the run's manifest is final, the job ends within seconds: ask Slurm this often
+# Tests only: the job's time limit in seconds (whole minutes, rounded up) instead of the plan's limits + MARGIN_S,
+# so that the scheduler's limit can come before the supervisor's own.
+TEST_TIME_ENV = "DRAFTSCOPE_TEST_JOB_TIME_S"
+FINAL_POLL_S = 1.0  # once the run's manifest is final, the job ends within seconds: ask this often
 SCHEMA_VERSION = 1
-KEY = "benchmark"  # the job's key in jobs.json and Slurm's messages
+KEY = "benchmark"  # the job's key in jobs.json and the scheduler's messages
 
 
 @dataclass(frozen=True)
@@ -118,7 +109,7 @@ class BenchmarkJob:
 
     @property
     def script(self) -> Path:
-        return self.folder / SCRIPT_FILE
+        return self.job.script
 
     @property
     def job_file(self) -> Path:
@@ -126,7 +117,7 @@ class BenchmarkJob:
 
     @property
     def ledger(self) -> Path:
-        return self.folder / JOBS_FILE
+        return self.folder / LEDGER_FILE
 
     def log(self, job_id: str = "%j") -> Path:
         return self.folder / LOG_FILE.replace("%j", job_id)
@@ -146,7 +137,8 @@ def snapshots_cached(plan: Plan) -> bool:
 
 
 def time_limit(plan: Plan) -> tuple[float | None, float, str]:
-    """(seconds, margin, in words) for the job's --time: the plan's limits summed, or None (partition default)."""
+    """(seconds, margin, in words) for the job's time limit: the plan's limits summed, or None (the partition's
+    default)."""
     forced = os.environ.get(TEST_TIME_ENV)
     if forced:
         return float(forced), 0.0, f"{forced} s from {TEST_TIME_ENV} (tests only), in whole minutes"
@@ -159,7 +151,7 @@ def time_limit(plan: Plan) -> tuple[float | None, float, str]:
             (
                 f"the partition's default: step(s) {', '.join(unbounded)} have no time limit (the pinned snapshots are "
                 "not in the hub cache yet, so the job downloads them); for a limit of --max-seconds + "
-                f"{MARGIN_S:g} s, download them first on a host with network: {script.display(fetch)}"
+                f"{MARGIN_S:g} s, download them first on a host with network: {display(fetch)}"
             ),
         )
     total = sum(s.time_limit_s or 0.0 for s in plan.steps)
@@ -175,7 +167,7 @@ def time_limit(plan: Plan) -> tuple[float | None, float, str]:
 def build(
     config: ExperimentConfig, output: Path, *, flags: Mapping[str, Any], python: str, cwd: Path | None = None
 ) -> BenchmarkJob:
-    """The job of one benchmark. Pure: nothing is written, no Slurm command runs."""
+    """The job of one benchmark. Pure: nothing is written, no scheduler command runs."""
     output = Path(output).absolute()
     cwd = Path(cwd or Path.cwd()).absolute()
     plan = plan_benchmark(config, str(output))
@@ -194,7 +186,7 @@ def build(
         "the kit's supervisor runs here as in a local run (`invoke benchmark ... --executor local`), with the config "
         f"frozen in {job_file}: it creates {output} and runs the steps through the {config.runtime} runtime, "
         f"{where}:",
-        *(f"  {s.name}: {script.display(runtime.argv(s, ctx))}" for s in plan.steps),
+        *(f"  {s.name}: {display(runtime.argv(s, ctx))}" for s in plan.steps),
         f"--time: {basis}" if res.minutes else f"no --time: {basis}",
     ]
     if res.gpus:
@@ -213,7 +205,7 @@ def build(
             args=("--job", str(job_file)),
             cleanup="cleanup-benchmark" if config.runtime != "local" else None,
         ),
-        script=folder / SCRIPT_FILE,
+        script=folder / here().script_name(KEY),
         log=folder / LOG_FILE,
         chdir=cwd,
         about=tuple(about),
@@ -223,26 +215,14 @@ def build(
 
 
 def render(bj: BenchmarkJob) -> str:
-    """The job script: the executor's #SBATCH lines and SIGTERM trap (`execute.slurm.script`), around
-    `run-benchmark`."""
-    return script.render(bj.chain, bj.job)
+    """The job as submitted: the launcher's script (resources, SIGTERM trap) around `run-benchmark`."""
+    return registry.batch(here().name).job_text(bj.chain, bj.job)
 
 
 def dry_run_lines(bj: BenchmarkJob) -> list[str]:
-    """The job script and the sbatch line, exactly as a submission writes and runs them. No file, no Slurm."""
-    plan = bj.plan
-    lines = [
-        f"# draftscope benchmark: experiment {plan.experiment.name}, runtime {bj.runtime}, executor slurm, "
-        f"run directory {bj.output} (created by the supervisor in the job)",
-        f"# 1 job; its script and {JOB_FILE} (the frozen config it runs) go to {bj.folder}/, its output to "
-        f"{bj.log('<job id>')}",
-        *(f"# note: {n}" for n in plan.notes),
-        *script.script_lines(bj.chain),
-        "",
-        "# ===== submission",
-        script.display(client.submit_argv(bj.script, None)),
-    ]
-    return lines
+    """The job script and the submission line, exactly as a submission writes and runs them. No file, no
+    scheduler command."""
+    return registry.batch(here().name).dry_run_lines(BenchmarkWork(bj))
 
 
 def document(bj: BenchmarkJob, argv: Sequence[str]) -> dict[str, Any]:
@@ -321,73 +301,113 @@ def fields(gpus: int) -> Fields:
     return {"resources": ("--partition", need), "time": ("--max-seconds", ", or a smaller --max-seconds")}
 
 
+@dataclass(frozen=True)
+class BenchmarkWork:
+    """One benchmark for a launcher: run here (`run_here`), or as one batch job (the `execute.base.Batch` hooks)."""
+
+    bj: BenchmarkJob
+
+    # the local launcher
+
+    def run_here(self, *, argv: list[str], say: Printer) -> tuple[str, str | None]:
+        manifest = supervise(self.bj.plan.experiment, self.bj.output, argv=argv, say=say)
+        return manifest["status"], manifest.get("reason")
+
+    def dry_run_here(self) -> list[str]:
+        return local_dry_run_lines(self.bj.plan, get_runtime(self.bj.runtime), self.bj.output)
+
+    # a batch launcher
+
+    @property
+    def folder(self) -> Path:
+        return self.bj.folder
+
+    @property
+    def ledger(self) -> Path:
+        return self.bj.ledger
+
+    @property
+    def resume(self) -> str:
+        return f"the job runs on and records the run itself (invoke validate {self.bj.output})"
+
+    order = None  # one job, which nothing waits for
+
+    def preflight(self) -> None:
+        refuse_taken(self.bj)
+        # The images and GPUs are on the nodes, not on the submitting host (a login node): the job checks them there.
+        preflight(self.bj.plan, get_runtime(self.bj.runtime), here=False)
+
+    def jobs(self, say: Printer) -> JobChain:
+        return self.bj.chain
+
+    def dry_run(self, executor: str) -> tuple[list[str], JobChain]:
+        bj, plan = self.bj, self.bj.plan
+        heading = [
+            f"# draftscope benchmark: experiment {plan.experiment.name}, runtime {bj.runtime}, executor {executor}, "
+            f"run directory {bj.output} (created by the supervisor in the job)",
+            f"# 1 job; its script and {JOB_FILE} (the frozen config it runs) go to {bj.folder}/, its output to "
+            f"{bj.log('<job id>')}",
+            *(f"# note: {n}" for n in plan.notes),
+        ]
+        return heading, bj.chain
+
+    def write(self, chain: JobChain, argv: list[str]) -> None:
+        """The job's folder, created exclusively (of two submissions to one run directory, one goes on), and the
+        frozen benchmark it runs."""
+        bj = self.bj
+        bj.folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(bj.folder)
+        except FileExistsError:
+            refuse_taken(bj)
+            raise
+        try:
+            atomic_write_json(bj.job_file, document(bj, argv))
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        shutil.rmtree(
+            self.bj.folder, ignore_errors=True
+        )  # created by this submission, which submitted nothing
+
+    def announce(self, submitted: Sequence[Ended]) -> str:
+        (s,) = submitted
+        return f"{here().name}: submitted job {s.job_id} ({s.job.name}); its output: {s.log}; the run: {self.bj.output}"
+
+    def poll(self) -> float:
+        return FINAL_POLL_S if _run_status(self.bj.output) in FINAL else POLL_INTERVAL_S
+
+    @contextlib.contextmanager
+    def following(self, say: Printer) -> Iterator[None]:
+        """The run's records, printed as they land."""
+        plan = self.bj.plan
+        progress = Progress(self.bj.output / RECORDS, plan.prompts.count * plan.experiment.repeats, say)
+        progress.start()
+        try:
+            yield
+        finally:
+            progress.stop()
+
+    def outcome(self, submitted: Sequence[Ended], say: Printer) -> tuple[str, str | None]:
+        return conclude(self.bj, submitted[0], say)
+
+
 def run(
-    config: ExperimentConfig, output: Path, *, flags: Mapping[str, Any], argv: list[str], say: Printer = print
+    config: ExperimentConfig,
+    output: Path,
+    *,
+    flags: Mapping[str, Any],
+    argv: list[str],
+    say: Printer = print,
+    executor: str = "slurm",
 ) -> tuple[str, str | None]:
     """Submit one benchmark, follow its job, and return the run's (status, reason)."""
-    client.require("sbatch")
+    launcher = registry.get(executor)
+    launcher.ready()
     bj = build(config, output, flags=flags, python=sys.executable)
-    refuse_taken(bj)
-    # The images and GPUs are on the nodes, not on the submitting host (a login node): the job checks them there.
-    preflight(bj.plan, get_runtime(config.runtime), here=False)
-    text = render(bj)
-    res = bj.job.resources
-    slurm = {"partition": res.partition, "account": res.account, "qos": res.qos}
-    client.test_only(text, job=KEY, fields=bj.job.fields, **slurm)
-    bj.folder.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.mkdir(bj.folder)  # exclusive: of two submissions to one run directory, one goes on
-    except FileExistsError:
-        refuse_taken(bj)
-        raise
-    try:
-        atomic_write_json(bj.job_file, document(bj, argv))
-        bj.script.write_text(text, encoding="utf-8")
-        bj.script.chmod(0o755)
-    except BaseException:
-        shutil.rmtree(bj.folder, ignore_errors=True)  # created by this submission, which submitted nothing
-        raise
-    with sigterm_interrupts():  # SIGTERM, like Ctrl-C, cancels the job (the executor's follow)
-        return _submit_and_follow(bj, argv, slurm, say)
-
-
-def _submit_and_follow(
-    bj: BenchmarkJob, argv: list[str], slurm: dict[str, Any], say: Printer
-) -> tuple[str, str | None]:
-    try:
-        submitted_id = client.submit(bj.script, dependency=None, job=KEY, fields=bj.job.fields, **slurm)
-    except BaseException:
-        shutil.rmtree(bj.folder, ignore_errors=True)  # created by this submission, which submitted nothing
-        raise
-    submitted = [Submitted(bj.job, submitted_id, None, bj.log(submitted_id))]
-    ledger = Ledger(bj.folder, bj.ledger)
-    total = bj.plan.prompts.count * bj.plan.experiment.repeats
-    progress = Progress(bj.output / RECORDS, total, say)
-
-    def poll() -> float:
-        return FINAL_POLL_S if _run_status(bj.output) in FINAL else POLL_INTERVAL_S
-
-    try:
-        ledger.add(submitted, argv, runtime=bj.runtime, python=bj.python)
-        say(
-            f"slurm: submitted job {submitted_id} ({bj.job.name}); its output: {bj.log(submitted_id)}; the run: "
-            f"{bj.output}"
-        )
-        progress.start()
-    except BaseException:  # stopped before following began: the job goes too
-        client.cancel([submitted_id])
-        raise
-    try:
-        executor.follow(
-            submitted,
-            ledger,
-            poll=poll,
-            say=say,
-            resume=f"the job runs on and records the run itself (invoke validate {bj.output})",
-        )
-    finally:
-        progress.stop()
-    return conclude(bj, submitted[0], say)
+    return launcher.launch(BenchmarkWork(bj), argv=argv, say=say)
 
 
 def _run_status(output: Path) -> str | None:
@@ -397,9 +417,9 @@ def _run_status(output: Path) -> str | None:
         return None
 
 
-def conclude(bj: BenchmarkJob, s: Submitted, say: Printer) -> tuple[str, str | None]:
-    """The run's final status once its job has ended, with the job noted in its manifest; Slurm's account of the
-    job when the run recorded no end (or was never created)."""
+def conclude(bj: BenchmarkJob, s: Ended, say: Printer) -> tuple[str, str | None]:
+    """The run's final status once its job has ended, with the job noted in its manifest; the scheduler's account
+    of the job when the run recorded no end (or was never created)."""
     record = s.records[-1] if s.records else None
     slurm_said = s.reason or (f"job {s.job_id} ended {record.state}" if record else f"job {s.job_id} ended")
     if not (bj.output / "manifest.json").is_file():
@@ -415,7 +435,7 @@ def conclude(bj: BenchmarkJob, s: Submitted, say: Printer) -> tuple[str, str | N
         try:
             run.note(job_note(s, record))
         except (OSError, UserError) as exc:
-            say(f"warning: the Slurm job could not be noted in the run's manifest: {exc}")
+            say(f"warning: the {here().title} job could not be noted in the run's manifest: {exc}")
     manifest = run.manifest()
     if status in FINAL:
         return status, manifest.get("reason")
@@ -432,8 +452,8 @@ def conclude(bj: BenchmarkJob, s: Submitted, say: Printer) -> tuple[str, str | N
     )
 
 
-def job_note(s: Submitted, record: JobState | None) -> str:
-    """The manifest note: the Slurm job, its end state (exit code, nodes) and its log."""
+def job_note(s: Ended, record: TaskEnd | None) -> str:
+    """The manifest note: the job, its end state (exit code, nodes) and its log."""
     if record is not None:
         details = [f"exit code {record.exit_code}"] if record.exit_code else []
         if record.reason and record.reason not in ("None",):
@@ -443,22 +463,20 @@ def job_note(s: Submitted, record: JobState | None) -> str:
         ended = f"ended {record.state}" + (f" ({', '.join(details)})" if details else "")
     else:
         ended = f"ended: {s.reason}"
-    return (
-        f"slurm: job {s.job_id} ({s.job.name}) {ended}; submitted from {socket.gethostname()}; output {s.log}"
-    )
+    return f"{here().name}: job {s.job_id} ({s.job.name}) {ended}; submitted from {socket.gethostname()}; output {s.log}"
 
 
-# --- inside the job: `python -m draftscope.bench.slurm` ----------------------------------------------------------
+# --- inside the job: `python -m draftscope.bench.batch` ----------------------------------------------------------
 
 
 def run_benchmark(job_file: Path, *, say: Printer = say) -> int:
-    """The benchmark's supervisor, as a local run's, with the submitted config (`benchmark.json`); a stop by Slurm
-    (scancel, the time limit) is recorded as Slurm explains it. Exit 0 only for a completed run."""
+    """The benchmark's supervisor, as a local run's, with the submitted config (`benchmark.json`); a stop by the
+    scheduler (a cancellation, the time limit) is recorded as it explains it. Exit 0 only for a completed run."""
     loaded = load(job_file)
-    nodes = os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname()
+    node = here()
     note = (
-        f"supervised in Slurm job {job_id() or 'none'} on {nodes} (invoke benchmark --executor slurm, "
-        f"submitted from {loaded.doc.get('host')})"
+        f"supervised in {node.title} job {node.job_id() or 'none'} on {node.nodes() or socket.gethostname()} "
+        f"(invoke benchmark --executor {node.name}, submitted from {loaded.doc.get('host')})"
     )
     manifest = supervise(
         loaded.config,
@@ -466,8 +484,8 @@ def run_benchmark(job_file: Path, *, say: Printer = say) -> int:
         argv=list(loaded.doc["argv"]),
         say=say,
         notes=[note],
-        explain=explain_stop,
-        grace_seconds=stop_grace(),
+        explain=node.explain_stop,
+        grace_seconds=node.stop_grace(),
     )
     reason = manifest.get("reason")
     say(f"{loaded.output}: {manifest['status']}" + (f" ({reason})" if reason else ""))
@@ -476,7 +494,7 @@ def run_benchmark(job_file: Path, *, say: Printer = say) -> int:
 
 def cleanup_benchmark(job_file: Path) -> int:
     """Remove the benchmark's containers at once (the job script's SIGTERM trap), by the names the runtime gives
-    them: `scancel` ends the engine's client, not its container."""
+    them: cancelling the job ends the engine's client, not its container."""
     try:
         doc = read_json(job_file)
     except Exception:

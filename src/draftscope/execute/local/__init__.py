@@ -1,0 +1,1 @@
+"""The local launcher: the work runs here, in this process (`launcher`)."""
