@@ -22,6 +22,8 @@ that the kit reads, passes on or sets: Python, the shell, Hugging Face, Triton, 
 
 No import of the kit beyond `core.errors`: every layer, the vLLM plugin in the engine's processes included, reads
 through this module.
+
+Over ~400 lines on purpose: the point is one place that lists every variable, and the declarations are most of it.
 """
 
 from __future__ import annotations
