@@ -4,7 +4,8 @@ Why a sentence of its own: the numbers alone (a speedup of 0.993×, "not admitte
 "slower" to a newcomer, when on a noisy machine (a shared CPU, say) they mean "the timing cannot tell", and the
 result that holds there is exactness — the greedy tokens equal the base's. An effect is resolved when the interval of
 the median latency ratio excludes 1 and the A/A noise of the base run (the run against itself) is narrower than the
-effect; otherwise the sentence says which of the two is wider, by how much, and leads with the token check.
+effect; otherwise the sentence says which fails (the interval includes 1×, the noise is wider than the effect) and
+leads with the token check.
 """
 
 from __future__ import annotations
@@ -55,15 +56,17 @@ def sentence(doc: Mapping[str, Any]) -> str:
             f"{measured}, with no interval (fewer than two prompts): the timing cannot be judged; {tokens}."
         )
     if not resolved(doc):
-        half = max(ratio - ci["low"], ci["high"] - ratio)
-        wider = [f"the interval (±{half:.1%})"] if half >= effect else []
+        why = []
+        if ci["low"] <= 1.0 <= ci["high"]:
+            why.append("its interval includes 1× (no change)")
         if noise is not None and noise >= effect:
-            wider.append(f"the base run's own A/A noise (±{noise:.1%})")
+            why.append(
+                f"the base run's own A/A noise (±{noise:.1%}) is wider than the {effect:.1%} latency difference"
+            )
         holds = f"what holds is exactness: {tokens}" if exact else tokens
         return (
-            f"{measured} cannot be resolved on this machine: {' and '.join(wider)} "
-            f"{'is' if len(wider) == 1 else 'are'} wider than the {effect:.1%} latency difference, so the timing says "
-            f"neither faster nor slower ({decision} at {threshold}) — {holds}."
+            f"{measured} cannot be resolved on this machine: {' and '.join(why)}, so the timing says neither "
+            f"faster nor slower ({decision} at {threshold}) — {holds}."
         )
     how = f"latency {effect:.1%} {'lower' if ratio < 1 else 'higher'} (candidate {'faster' if ratio < 1 else 'slower'})"
     why = f"interval ±{max(ratio - ci['low'], ci['high'] - ratio):.1%}" + (

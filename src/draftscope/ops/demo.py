@@ -263,7 +263,7 @@ def draft_line(book: dict | None) -> tuple[str, bool]:
     return (
         f"draft at k={DRAFT_TOKENS}: mean acceptance length {per_call:.3f} tokens per verification step (L = "
         f"accepted drafts + 1: 1 when no draft token is kept, {DRAFT_TOKENS + 1} when all {DRAFT_TOKENS} are; "
-        f"pooled over {book['steps']} steps); the demo asks for at least {MIN_TOKENS_PER_CALL:g}: "
+        f"pooled over {book['steps']} steps); the demo checks it is at least {MIN_TOKENS_PER_CALL:g}: "
         f"{'met' if enough else 'NOT MET  <-- BELOW'}; acceptance rate {rate} (accepted / proposed drafts), "
         f"per draft position [{positions}]"
     ), enough

@@ -132,7 +132,7 @@ def test_the_demo_explains_the_acceptance_length_where_it_prints_it():
     book = {"mean_pooled": 2.5, "steps": 40, "rate": 0.375, "per_position": [0.6, 0.5, 0.3, 0.1]}
     line, enough = draft_line(book)
     assert enough and "mean acceptance length 2.500 tokens per verification step" in line
-    assert "L = accepted drafts + 1" in line and "the demo asks for at least 2: met" in line
+    assert "L = accepted drafts + 1" in line and "the demo checks it is at least 2: met" in line
     assert "≥" not in line
     line, enough = draft_line({**book, "mean_pooled": 1.2})
     assert not enough and "NOT MET" in line

@@ -91,6 +91,7 @@ def test_train_lines_say_epoch_step_loss_and_eta_never_a_raw_fragment(tmp_path: 
     assert re.search(r"epoch 2/3, loss 2\.000, val loss 5\.000 \(epoch 1\)", line5), line5
     assert re.search(r"0\.\d steps/s", line5) and re.search(r"ETA \d+ s", line5), line5
     assert "12/12 steps" in said[-1] and "ETA" not in said[-1]
+    assert probe.note() == "epoch 3/3, finished, loss 0.833, val loss 1.667 (epoch 3)"
 
 
 def test_the_eta_counts_down_from_the_rate_after_loading(tmp_path: Path) -> None:
@@ -122,7 +123,8 @@ def test_a_previous_runs_log_is_not_this_runs_progress(tmp_path: Path) -> None:
         fh.write(STARTED.format(e=1, n=2) + STEP.format(loss="3.000", epoch0=0, step=0))
     assert probe().done == 1
     with log.open("a", encoding="utf-8") as fh:
-        fh.write(rich(ENDED.format(e=1, n=2, epoch0=0, per=1, val="4.000")))
+        ended = ENDED.format(e=1, n=2, epoch0=0, per=1, val="4.000")
+        fh.write(rich(ended[: ended.index("Validation epoch 1/2 completed")]))  # validation under way
     assert probe().note == "epoch 1/2, validating, loss 3.000, val loss 4.000 (epoch 1)"
 
 

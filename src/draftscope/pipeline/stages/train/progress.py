@@ -22,6 +22,7 @@ from draftscope.core.progress import Reading, complete_lines
 EPOCH_STARTED = re.compile(r"\bTraining epoch (\d+)/(\d+) started")
 EPOCH_DONE = re.compile(r"\bTraining epoch (\d+)/(\d+) completed")
 VALIDATING = re.compile(r"\bValidation epoch (\d+)/(\d+) started")
+VALIDATED = re.compile(r"\bValidation epoch (\d+)/(\d+) completed")
 SAVING = re.compile(r"\bSaving checkpoint\b")
 STEP = re.compile(r"\bglobal_step=(\d+)")
 NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
@@ -64,6 +65,8 @@ class TrainProgress:
                 self.per_epoch = max(1, round(self.steps / done))
         if m := VALIDATING.search(line):
             self.phase = "validating"
+        if m := VALIDATED.search(line):
+            self.phase = "finished" if m.group(1) == m.group(2) else "training"
         if SAVING.search(line):
             self.phase = "saving a checkpoint"
         if m := STEP.search(line):
