@@ -71,9 +71,7 @@ from draftscope.execute.plan import Fields, InJob, Job, JobChain, Placement, dis
 from draftscope.runtime import Context, get_runtime
 from draftscope.runtime.base import container_name, tail
 
-MODULE = (
-    "draftscope.bench.batch"  # what the job script runs: `python -m draftscope.bench.batch run-benchmark`
-)
+MODULE = "draftscope.bench.batch"  # what the job script runs: `python -m MODULE run-benchmark`
 JOB_FILE = "benchmark.json"
 LOG_FILE = "slurm-%j.out"
 # The scheduler's limit = the plan's limits + this, in whole minutes: the kit's start-up on the node (imports,

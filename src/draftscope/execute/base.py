@@ -27,9 +27,8 @@ from draftscope.runtime.step import Step
 Printer = Callable[[str], None]
 Run = Callable[[Step, Context], Outcome]
 R = TypeVar("R")
-POLL_INTERVAL_S = (
-    5.0  # how often a batch launcher asks about its jobs: the pipeline's default, and a benchmark's
-)
+# How often a batch launcher asks about its jobs: the pipeline's default, and a benchmark's.
+POLL_INTERVAL_S = 5.0
 LEDGER_FILE = "jobs.json"  # a batch submission's ledger, in the folder the planner chooses
 
 

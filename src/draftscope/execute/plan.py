@@ -68,9 +68,8 @@ class InJob:
     command: str  # its subcommand, e.g. "run-step"
     args: tuple[str, ...] = ()  # shared by the command and the cleanup
     task_flag: str | None = None  # a job array: the option that passes each task its index
-    cleanup: str | None = (
-        None  # the trap's subcommand (remove the job's container: the engine's, not the job's)
-    )
+    # The trap's subcommand: remove the job's container (the engine's, not the job's).
+    cleanup: str | None = None
     rendezvous: tuple[str, int] | None = None  # one task per node: the option naming node 0, and its port
 
 
