@@ -19,7 +19,7 @@ from draftscope.core.provenance import versions
 # Modules that declare environment variables of their own (`core.settings.declare`, beside the code reading them),
 # imported before the settings page is written so that it lists them too; tests/unit/core/test_settings.py checks
 # that every module calling `declare` is here. The Slurm launcher's `execute/slurm/env.py` joins when it has one.
-SETTINGS_MODULES: tuple[str, ...] = ()
+SETTINGS_MODULES: tuple[str, ...] = ("draftscope.execute.slurm.env",)
 
 
 def settings_page() -> str:

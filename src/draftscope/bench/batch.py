@@ -56,6 +56,7 @@ from draftscope.bench.progress import Progress
 from draftscope.bench.supervisor import context_for, preflight
 from draftscope.bench.supervisor import dry_run_lines as local_dry_run_lines
 from draftscope.bench.supervisor import run_benchmark as supervise
+from draftscope.core import settings
 from draftscope.core.config import build as build_config
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
@@ -79,7 +80,7 @@ LOG_FILE = "slurm-%j.out"
 MARGIN_S = 120.0
 # Tests only: the job's time limit in seconds (whole minutes, rounded up) instead of the plan's limits + MARGIN_S,
 # so that the scheduler's limit can come before the supervisor's own.
-TEST_TIME_ENV = "DRAFTSCOPE_TEST_JOB_TIME_S"
+TEST_TIME_ENV = settings.DRAFTSCOPE_TEST_JOB_TIME_S.name
 FINAL_POLL_S = 1.0  # once the run's manifest is final, the job ends within seconds: ask this often
 SCHEMA_VERSION = 1
 KEY = "benchmark"  # the job's key in jobs.json and the scheduler's messages
@@ -137,7 +138,7 @@ def snapshots_cached(plan: Plan) -> bool:
 def time_limit(plan: Plan) -> tuple[float | None, float, str]:
     """(seconds, margin, in words) for the job's time limit: the plan's limits summed, or None (the partition's
     default)."""
-    forced = os.environ.get(TEST_TIME_ENV)
+    forced = settings.DRAFTSCOPE_TEST_JOB_TIME_S.get()
     if forced:
         return float(forced), 0.0, f"{forced} s from {TEST_TIME_ENV} (tests only), in whole minutes"
     unbounded = [s.name for s in plan.steps if s.time_limit_s is None]

@@ -20,8 +20,7 @@ from draftscope.core.errors import Interrupted, UserError
 from draftscope.core.options import SHARED, Option, OptionTable
 from draftscope.core.outputs import check_output_path
 from draftscope.core.presets import ExperimentConfig, load_experiment
-from draftscope.execute.options import LAUNCHER
-from draftscope.execute.slurm.options import check_names, executor_flags
+from draftscope.execute.options import LAUNCHER, check_names, executor_flags
 
 _NAME = {"$ref": "common.schema.json#/$defs/name"}
 _REPO = {"$ref": "common.schema.json#/$defs/hub_repo"}

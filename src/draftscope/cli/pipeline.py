@@ -9,7 +9,7 @@ from invoke import Exit
 
 from draftscope.cli.command import command
 from draftscope.core.outputs import check_output_path
-from draftscope.execute.slurm.options import executor_flags
+from draftscope.execute.options import executor_flags
 from draftscope.pipeline import registry
 from draftscope.pipeline.options import PIPELINE
 from draftscope.pipeline.options import defaults as pipeline_defaults

@@ -412,6 +412,14 @@ PYTHONUNBUFFERED = _var(
 
 # --- tests only --------------------------------------------------------------------------------------------------
 
+DRAFTSCOPE_TEST_JOB_TIME_S = _var(
+    "DRAFTSCOPE_TEST_JOB_TIME_S",
+    "tests",
+    "a benchmark's batch job gets this time limit (seconds, in whole minutes) instead of its steps' limits summed: "
+    "the time-limit tests of the batch launcher",
+    AS_POSITIVE,
+    unset="the steps' limits summed",
+)
 DRAFTSCOPE_FAILPOINT = _var(
     "DRAFTSCOPE_FAILPOINT",
     "tests",

@@ -12,8 +12,8 @@ from draftscope.bench import batch as benchmark
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_json
 from draftscope.core.presets import load_experiment
+from draftscope.execute.options import check_names, executor_flags
 from draftscope.execute.slurm import node, states
-from draftscope.execute.slurm.options import check_names, executor_flags
 from draftscope.runtime import Outcome
 
 from support import run_invoke, sbatch_lines, tiny_benchmark

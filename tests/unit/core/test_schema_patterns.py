@@ -113,7 +113,7 @@ def test_a_pattern_property_key_with_a_newline_is_an_unknown_key():
 
 
 def test_the_slurm_flags_use_the_same_rule():
-    from draftscope.execute.slurm.options import check_names
+    from draftscope.execute.options import check_names
 
     check_names({"partition": "gpu"})
     with pytest.raises(UserError, match="--partition"):

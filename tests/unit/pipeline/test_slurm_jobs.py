@@ -409,7 +409,7 @@ def test_flag_errors_are_one_line(tmp_path):
         and "local, slurm" in result.stderr
     )
     result = run_task("--executor", "slurm", "--nodes", "two", "--dry-run", cwd=tmp_path)
-    assert result.returncode == 2 and "--nodes: not a whole number" in result.stderr
+    assert result.returncode == 2 and "--nodes: expected an integer" in result.stderr
 
 
 def test_without_sbatch_a_submission_says_how_to_get_it(tmp_path):
