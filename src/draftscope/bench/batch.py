@@ -141,7 +141,7 @@ def time_limit(plan: Plan) -> tuple[float | None, float, str]:
     forced = settings.DRAFTSCOPE_TEST_JOB_TIME_S.get()
     if forced:
         return float(forced), 0.0, f"{forced} s from {TEST_TIME_ENV} (tests only), in whole minutes"
-    unbounded = [s.name for s in plan.steps if s.time_limit_s is None]
+    unbounded = [s.name for s in plan.steps if s.max_seconds is None]
     if unbounded and not (unbounded == ["fetch"] and snapshots_cached(plan)):
         fetch = fetch_argv(str(hub_cache_dir()), [(d.repo, d.revision) for d in plan.downloads])
         return (
@@ -153,8 +153,8 @@ def time_limit(plan: Plan) -> tuple[float | None, float, str]:
                 f"{MARGIN_S:g} s, download them first on a host with network: {display(fetch)}"
             ),
         )
-    total = sum(s.time_limit_s or 0.0 for s in plan.steps)
-    limits = " + ".join(f"{s.name} {s.time_limit_s:g} s" for s in plan.steps if s.time_limit_s is not None)
+    total = sum(s.max_seconds or 0.0 for s in plan.steps)
+    limits = " + ".join(f"{s.name} {s.max_seconds:g} s" for s in plan.steps if s.max_seconds is not None)
     cached = " (fetch: cached snapshots, checked only)" if unbounded else ""
     return (
         total,

@@ -185,7 +185,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
             ipc_host=backend.ipc_host,
             network=False,  # weights are local by now: the worker needs no network (and gets no credential)
             limits=limits_for(config.container, gpus=gpus),
-            time_limit_s=config.max_seconds,
+            max_seconds=config.max_seconds,
             outputs=("manifest.json", "records.jsonl", "summary.json"),
             output_schema="summary",
         )

@@ -62,7 +62,7 @@ def step_lines(step: Step) -> list[str]:
     gpus = {0: "none", -1: "all"}.get(step.gpus, str(step.gpus))
     lines = [
         f"  step {step.name}: image {step.image}, GPUs {gpus}, network {'on' if step.network else 'off'}"
-        + (f", time limit {step.time_limit_s:g} s" if step.time_limit_s else ""),
+        + (f", time limit {step.max_seconds:g} s" if step.max_seconds else ""),
         f"    argv: {shell_join(list(step.argv))}",
     ]
     for m in step.mounts:

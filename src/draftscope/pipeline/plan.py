@@ -121,7 +121,7 @@ def stage_step(stage: Stage, ctx: StageContext) -> Step:
         network=False,  # weights are local; servers listen on the container's own loopback (no credential)
         # A GPU pipeline's CPU stages (pretokenize, prepare) handle the full data set: the host-scale limits.
         limits=limits_for(ctx.config.container, gpus=0 if ctx.cpu else -1),
-        time_limit_s=ctx.config.time_limits.get(stage.name),
+        max_seconds=ctx.config.time_limits.get(stage.name),
         outputs=tuple(str(a.path.relative_to(ctx.workdir)) for a in stage.outputs(ctx)),
         output_schema=stage.output_schema,
     )

@@ -268,20 +268,20 @@ def interrupted_reason(exc: KeyboardInterrupt) -> str:
 def supervise(
     proc: subprocess.Popen,
     *,
-    limit: float | None,
+    max_seconds: float | None,
     stop: Callable[[], None],
     started: float,
     finished: Callable[[], bool] | None = None,
     linger: float = 15.0,
 ) -> tuple[str, str | None]:
-    """Wait for `proc` within `limit` seconds of `started`; on expiry, Ctrl-C or SIGTERM call `stop` (which must
+    """Wait for `proc` within `max_seconds` of `started`; on expiry, Ctrl-C or SIGTERM call `stop` (which must
     end the work itself, not only this client process) and wait for the client. Returns (status, reason).
 
     `finished` asks whether the work itself has ended (a container has exited, asked of its engine): a client that
     outlives its work by `linger` seconds is stopped and the work counts as exited (podman's Docker API can leave an
     attached `docker run` waiting after its container has exited; the caller reads the exit code from the engine)."""
     try:
-        deadline = None if limit is None else started + limit
+        deadline = None if max_seconds is None else started + max_seconds
         with sigterm_interrupts():
             _wait(proc, deadline, finished, linger)
         return "exited", None
@@ -290,7 +290,7 @@ def supervise(
         _reap(proc)
         return (
             "timed_out",
-            f"time limit of {limit:g} s reached (loading and warm-ups included); the step was killed",
+            f"time limit of {max_seconds:g} s reached (loading and warm-ups included); the step was killed",
         )
     except KeyboardInterrupt as exc:
         stop()

@@ -267,7 +267,7 @@ class ContainerRuntime:
                 ctx.started(step.name, engine=self.engine, container=name)
                 state, reason = supervise(
                     proc,
-                    limit=step.time_limit_s,
+                    max_seconds=step.max_seconds,
                     stop=lambda: self.stop(name, ctx.grace_seconds),
                     started=started,
                     finished=lambda: self.state(name)[0] in ("exited", "stopped"),

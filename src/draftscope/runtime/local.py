@@ -115,7 +115,7 @@ class LocalRuntime:
             except BaseException:  # Ctrl-C before the supervised wait: the step must not run on unsupervised
                 stop()
                 raise
-            state, reason = supervise(proc, limit=step.time_limit_s, stop=stop, started=started)
+            state, reason = supervise(proc, max_seconds=step.max_seconds, stop=stop, started=started)
         seconds = time.monotonic() - started
         if state != "exited":
             return Outcome(step.name, state, proc.returncode, seconds, reason, log)

@@ -78,7 +78,7 @@ class Step:
     gpus: int = 0  # 0: no GPU; -1: all GPUs; N: that many
     ipc_host: bool = False
     network: bool = False
-    time_limit_s: float | None = None
+    max_seconds: float | None = None  # the step's hard wall-clock limit (`--max-seconds`), loading included
     outputs: tuple[str, ...] = ()
     output_schema: str | None = None
     limits: Limits = CPU_LIMITS

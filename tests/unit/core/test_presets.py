@@ -45,7 +45,7 @@ def test_experiment_preset_validates_and_plans(name):
     config = P.load_experiment(name)
     plan = plan_benchmark(config)
     assert plan.steps[-1].name == "benchmark"
-    assert plan.steps[-1].time_limit_s == config.max_seconds
+    assert plan.steps[-1].max_seconds == config.max_seconds
     assert plan.prompts.count >= 1 and len(plan.prompts.sha256) == 64
 
 

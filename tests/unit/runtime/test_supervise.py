@@ -26,7 +26,7 @@ def test_a_client_outliving_its_finished_work_is_stopped_after_the_grace():
     start = time.monotonic()
     state = base.supervise(
         proc,
-        limit=30,
+        max_seconds=30,
         stop=lambda: stopped.append(1),
         started=start,
         finished=lambda: asked.append(1) or True,
@@ -41,7 +41,7 @@ def test_a_client_whose_work_goes_on_runs_into_its_limit():
     start = time.monotonic()
     state, reason = base.supervise(
         proc,
-        limit=0.5,
+        max_seconds=0.5,
         stop=lambda: (stopped.append(1), proc.kill()),
         started=start,
         finished=lambda: False,
@@ -54,7 +54,7 @@ def test_a_client_that_ends_is_not_asked_about_its_work():
     proc, asked = client(0), []
     assert base.supervise(
         proc,
-        limit=None,
+        max_seconds=None,
         stop=lambda: None,
         started=time.monotonic(),
         finished=lambda: asked.append(1) or False,

@@ -187,7 +187,7 @@ def resources(sp: StagePlan, config: PipelineConfig) -> Resources:
         sp.step,
         placement(opts),
         all_gpus=config.gpus,
-        seconds=sp.step.time_limit_s,
+        seconds=sp.step.max_seconds,
         nodes=(opts.nodes or 1) if kind_of(sp) == "torchrun" else 1,
     )
 
