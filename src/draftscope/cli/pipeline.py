@@ -29,7 +29,10 @@ def pipeline(c, **values):
     slurm = executor_flags(values["executor"], **launcher)
     overrides = PIPELINE.overrides(values) | ({"slurm": slurm} if slurm else {})
     resolved = load_pipeline_config(
-        config_file=values["config"], opts=values["opts"] or (), overrides=overrides
+        config_file=values["config"],
+        opts=values["opts"] or (),
+        overrides=overrides,
+        typed_flags=PIPELINE.flags(),
     )
     runtime = values["runtime"] or ("local" if resolved.config.device == "cpu" else "docker")
     engine = get_runtime(runtime)

@@ -299,3 +299,45 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     return obj
+
+
+def typed_by(
+    flags: Mapping[str, str] | None, given: Mapping[str, Any], later: Mapping[str, Any]
+) -> dict[str, str]:
+    """The option behind each field of `given` (`flags`: dotted field → flag), unless `--opts` (`later`) set the
+    field again, and `--opts FIELD` behind each field `later` sets: `{"device": "--device", "seed": "--opts seed"}`."""
+
+    def has(tree: Mapping[str, Any], dotted: str) -> bool:
+        node: Any = tree
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    def leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+        for key, value in tree.items():
+            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, Mapping) else (f"{prefix}{key}",)
+
+    typed = {f: flag for f, flag in (flags or {}).items() if has(given, f) and not has(later, f)}
+    return typed | {path: f"--opts {path}" for path in leaves(later)}
+
+
+def validated_as_typed(data: Any, schema: str, source: str, typed: Mapping[str, str]) -> dict[str, Any]:
+    """`validated`, except that a problem with a field an option set (`typed`, from `typed_by`) is reported as that
+    option's, as the user typed it (`--device: unknown …`), not as the file behind the config's."""
+    for problem in schemas.problems(data, schema) if typed and isinstance(data, dict) else ():
+        field = problem.path.removeprefix("$.")
+        if field in typed:
+            raise UserError(problem.message, field=typed[field])
+    return validated(data, schema, source)
+
+
+def build_as_typed(cls: type[T], data: Mapping[str, Any], typed: Mapping[str, str]) -> T:
+    """`build`, with a rule's error about a field an option set named by that option."""
+    try:
+        return build(cls, data)
+    except UserError as exc:
+        if exc.source is None and exc.field in typed:
+            raise UserError(exc.message, field=typed[exc.field], value=exc.value, fix=exc.fix) from None
+        raise

@@ -13,11 +13,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from draftscope.core.config import build, deep_merge, load_yaml, parse_opts, validated
+from draftscope.core.config import (
+    build,
+    build_as_typed,
+    deep_merge,
+    load_yaml,
+    parse_opts,
+    typed_by,
+    validated,
+    validated_as_typed,
+)
 from draftscope.core.errors import UserError
 from draftscope.core.hub import is_pinned
 from draftscope.core.resources import presets_dir
-from draftscope.core.schema import problems
 
 PIN_FIX = (
     "pin the full 40-character commit SHA of the repository (its hub page → 'Files and versions' → the commit, "
@@ -342,29 +350,11 @@ def load_experiment(
     from_opts = parse_opts(opts)
     merged = deep_merge(deep_merge(data, given), from_opts)
     source = f"{path} (with overrides)" if (overrides or opts) else str(path)
-    typed = {f: flag for f, flag in (flags or {}).items() if _has(given, f) and not _has(from_opts, f)}
-    for problem in problems(merged, "experiment") if typed else ():
-        field = problem.path.removeprefix("$.")
-        if field in typed:
-            raise UserError(problem.message, field=typed[field])
-    validated(merged, "experiment", source)
-    try:
-        config: ExperimentConfig = build(ExperimentConfig, merged)
-    except UserError as exc:
-        if exc.source is None and exc.field in typed:
-            raise UserError(exc.message, field=typed[exc.field], value=exc.value, fix=exc.fix) from None
-        raise
+    typed = typed_by(flags, given, from_opts)
+    validated_as_typed(merged, "experiment", source, typed)
+    config: ExperimentConfig = build_as_typed(ExperimentConfig, merged, typed)
     load_model_preset(config.model_preset)  # an unknown model preset is an error here, not at run time
     return config
-
-
-def _has(tree: Mapping[str, Any], dotted: str) -> bool:
-    node: Any = tree  # whether the nested mapping holds the dotted key
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False
-        node = node[part]
-    return True
 
 
 def resolve_target(config: ExperimentConfig, preset: ModelPreset) -> HubRef | None:

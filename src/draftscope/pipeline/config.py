@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from draftscope.core.config import build, deep_merge, load_yaml, parse_opts, to_dict, validated
+from draftscope.core.config import (
+    build_as_typed,
+    deep_merge,
+    load_yaml,
+    parse_opts,
+    to_dict,
+    typed_by,
+    validated_as_typed,
+)
 from draftscope.core.errors import UserError
 from draftscope.core.presets import ContainerOptions, ModelPreset, load_model_preset
 
@@ -230,9 +238,11 @@ def load_pipeline_config(
     config_file: str | None = None,
     opts: Iterable[str] = (),
     overrides: Mapping[str, Any] | None = None,
+    typed_flags: Mapping[str, str] | None = None,
 ) -> Resolved:
     """Defaults < config file < --draft/--preset (and `overrides`: other typed options, e.g. the Slurm flags)
-    < --opts; validated as a whole, then frozen."""
+    < --opts; validated as a whole, then frozen. `typed_flags` names the option behind each field (dotted), so
+    that a problem with it is reported as that option's."""
     if draft is not None and draft not in DRAFTS:
         raise UserError(
             f"unknown draft type '{draft}'", field="--draft", fix=f"choose one of: {', '.join(DRAFTS)}"
@@ -249,6 +259,7 @@ def load_pipeline_config(
     if overrides:
         data = deep_merge(data, overrides)
     opt_values = parse_opts(opts)
+    typed = typed_by(typed_flags, {**flags, **(overrides or {})}, opt_values)
     data = deep_merge(data, opt_values)
     data.setdefault("draft", DEFAULT_DRAFT)
     data.setdefault("model_preset", DEFAULT_PRESET)
@@ -262,8 +273,8 @@ def load_pipeline_config(
         data = deep_merge(data, {"data": {"chat": TINY_CHAT}})
     if flags or overrides or opt_values:
         source = f"{source} (with overrides)"
-    validated(data, SCHEMA, source)
-    config: PipelineConfig = build(PipelineConfig, data)
+    validated_as_typed(data, SCHEMA, source, typed)
+    config: PipelineConfig = build_as_typed(PipelineConfig, data, typed)
     model = load_model_preset(config.model_preset)
     check(config, model, source)
     return Resolved(config, model, source)

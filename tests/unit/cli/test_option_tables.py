@@ -47,7 +47,7 @@ def test_a_row_added_to_a_copy_shows_in_help_parsing_overrides_and_schema():
     task = _task(table)
     assert "--max-widgets=INT" in help_text(
         task, "probe"
-    ) and "widgets per request [integer 1–9]" in " ".join(help_text(task, "probe").split())
+    ) and "widgets per request [integer 1–9;" in " ".join(help_text(task, "probe").split())
     assert "max-widgets" in [n for a in task.get_arguments() for n in a.names]
     _, parsed = task.checked_values((), {"max_widgets": "3"})
     assert parsed["max_widgets"] == 3
