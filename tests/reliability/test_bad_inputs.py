@@ -241,22 +241,22 @@ CASES = [
     Bad("prompts-missing-file", bench(prompts="{tmp}/nowhere.json"), "prompt file not found"),
     Bad("prompts-a-folder", bench(prompts="{tmp}"), "is a directory, not a regular file"),
     # --- numbers ----------------------------------------------------------------------------------------------------
-    Bad("repeats-negative", bench(repeats="-1"), "$.repeats"),
-    Bad("repeats-zero", bench(repeats="0"), "$.repeats"),
+    Bad("repeats-negative", bench(repeats="-1"), "--repeats: must be at least 1"),
+    Bad("repeats-zero", bench(repeats="0"), "--repeats: must be at least 1"),
     Bad("repeats-not-an-integer", bench(repeats="1.5"), "--repeats: expected an integer"),
-    Bad("repeats-absurd", bench(repeats="1000000"), "$.repeats"),
-    Bad("max-seconds-negative", bench("--max-seconds", "-5"), "$.max_seconds"),
-    Bad("max-seconds-nan", bench("--max-seconds", "nan"), "not a finite number"),
-    Bad("max-seconds-infinite", bench("--max-seconds", "inf"), "$.max_seconds"),
-    Bad("max-new-tokens-absurd", bench(max_new_tokens="100000000000"), "$.max_new_tokens"),
-    Bad("memory-fraction-above-one", bench("--memory-fraction", "1.5"), "$.memory_fraction"),
-    Bad("warmups-negative", bench("--warmups", "-1"), "$.warmups"),
-    Bad("fixed-tokens-zero", bench("--fixed-tokens", "0"), "$.fixed_tokens"),
-    Bad("draft-tokens-absurd", bench("--draft-tokens", "1000"), "$.draft_tokens"),
+    Bad("repeats-absurd", bench(repeats="1000000"), "--repeats: must be at most 1,000"),
+    Bad("max-seconds-negative", bench("--max-seconds", "-5"), "--max-seconds: must be more than 0"),
+    Bad("max-seconds-nan", bench("--max-seconds", "nan"), "--max-seconds: expected a finite number"),
+    Bad("max-seconds-infinite", bench("--max-seconds", "inf"), "--max-seconds: expected a finite number"),
+    Bad("max-new-tokens-absurd", bench(max_new_tokens="100000000000"), "--max-new-tokens: must be at most"),
+    Bad("memory-fraction-above-one", bench("--memory-fraction", "1.5"), "--memory-fraction: must be at most 1"),
+    Bad("warmups-negative", bench("--warmups", "-1"), "--warmups: must be at least 0"),
+    Bad("fixed-tokens-zero", bench("--fixed-tokens", "0"), "--fixed-tokens: must be at least 1"),
+    Bad("draft-tokens-absurd", bench("--draft-tokens", "1000"), "--draft-tokens: must be at most 64"),
     Bad("opts-nan", bench("--opts", "max_seconds=.nan"), "not a finite number"),
-    Bad("opts-seed-negative", bench("--opts", "seed=-1"), "$.seed"),
+    Bad("opts-seed-negative", bench("--opts", "seed=-1"), "--opts seed:"),
     Bad("opts-wrong-type", bench("--opts", "repeats=many"), "is not of type 'integer'"),
-    Bad("opts-value-for-a-section", bench("--opts", "vllm=3"), "$.vllm"),
+    Bad("opts-value-for-a-section", bench("--opts", "vllm=3"), "--opts vllm:"),
     # --- unknown and misspelled keys, malformed overrides and config files -------------------------------------
     Bad("opts-misspelled-key", bench("--opts", "repeat=3"), "did you mean 'repeats'"),
     Bad(
@@ -294,8 +294,8 @@ CASES = [
     ),
     # --- revisions and remote code ------------------------------------------------------------------------------
     Bad("model-without-revision", bench("--model", "Org/Name"), "revision"),
-    Bad("model-short-revision", bench("--model", "Org/Name", "--revision", "abc1234"), "$.revision"),
-    Bad("model-non-hex-revision", bench("--model", "Org/Name", "--revision", "g" * 40), "$.revision"),
+    Bad("model-short-revision", bench("--model", "Org/Name", "--revision", "abc1234"), "--revision:"),
+    Bad("model-non-hex-revision", bench("--model", "Org/Name", "--revision", "g" * 40), "--revision:"),
     Bad("draft-without-revision", bench("--draft", "Org/Draft"), "draft_revision"),
     Bad("revision-without-model", bench("--revision", SHA), "without --model"),
     Bad(
@@ -328,14 +328,14 @@ CASES = [
         "unknown key 'trust_remote_code'",
     ),
     # --- shell metacharacters: data, never a shell ----------------------------------------------------------------
-    Bad("opts-name-with-semicolon", bench("--opts", "name=x;touch {canary}"), "$.name"),
+    Bad("opts-name-with-semicolon", bench("--opts", "name=x;touch {canary}"), "--opts name:"),
     Bad(
         "opts-model-with-backticks",
         bench("--opts", "model=`touch {canary}`/x", "--opts", f"revision={SHA}"),
-        "$.model",
+        "--opts model:",
     ),
     Bad("opts-prompts-with-subshell", bench("--opts", "prompts=$(touch {canary})"), "prompt file not found"),
-    Bad("opts-runtime-with-pipe", bench("--opts", "runtime=local|touch {canary}"), "$.runtime"),
+    Bad("opts-runtime-with-pipe", bench("--opts", "runtime=local|touch {canary}"), "--opts runtime:"),
     # --- output paths -----------------------------------------------------------------------------------------------
     Bad("output-name-with-a-space", bench(output="{tmp}/my run"), "becomes the run id"),
     Bad("output-hidden-name", bench(output="{tmp}/.run"), "becomes the run id"),
@@ -346,14 +346,14 @@ CASES = [
     Bad(
         "pipeline-checkpoint-escapes-workdir",
         pipe("--opts", "convert.checkpoint=../../../etc"),
-        "$.convert.checkpoint",
+        "--opts convert.checkpoint:",
     ),
-    Bad("pipeline-name-escapes-runs", pipe("--opts", "name=../../x"), "$.name"),
+    Bad("pipeline-name-escapes-runs", pipe("--opts", "name=../../x"), "--opts name:"),
     Bad("pipeline-misspelled-key", pipe("--opts", "regen.concurency=3"), "did you mean 'concurrency'"),
-    Bad("pipeline-negative-epochs", pipe("--opts", "train.epochs=-1"), "$.train.epochs"),
-    Bad("pipeline-zero-concurrency", pipe("--opts", "regen.concurrency=0"), "$.regen.concurrency"),
+    Bad("pipeline-negative-epochs", pipe("--opts", "train.epochs=-1"), "--opts train.epochs:"),
+    Bad("pipeline-zero-concurrency", pipe("--opts", "regen.concurrency=0"), "--opts regen.concurrency:"),
     Bad("pipeline-unknown-stage", pipe(stage="regen,convrt"), "unknown stage 'convrt'"),
-    Bad("pipeline-unknown-draft", pipe("--draft", "dflash3"), "unknown draft type"),
+    Bad("pipeline-unknown-draft", pipe("--draft", "dflash3"), "--draft: unknown draft 'dflash3'"),
     Bad(
         "pipeline-config-trust-remote-code",
         pipe("--config", "{tmp}/run.yaml"),
@@ -397,9 +397,9 @@ CASES = [
         setup=storage_conf,
         needs="podman",
     ),
-    Bad("unknown-runtime", bench(runtime="kubernetes"), "$.runtime"),
+    Bad("unknown-runtime", bench(runtime="kubernetes"), "--runtime: unknown runtime 'kubernetes'"),
     Bad("unknown-backend", bench(backend="tgi"), "unknown backend"),
-    Bad("unknown-device", bench(device="tpu"), "$.device"),
+    Bad("unknown-device", bench(device="tpu"), "--device: unknown device 'tpu'"),
     Bad("misspelled-preset", bench(preset="tinyy"), "did you mean 'tiny'"),
     Bad("unknown-experiment", bench("--experiment", "nosuch"), "no experiment preset named 'nosuch'"),
     # --- output paths (h18-signals) -------------------------------------------------------------------------------
@@ -554,7 +554,7 @@ CASES = [
         setup=copy_presets(edit_qwen("  revision: b968826d", "  revision: &pin b968826d")),
     ),
     Bad("read-opts-alias", bench("--opts", "vllm=&a [*a]"), "YAML anchors and aliases are not accepted"),
-    Bad("read-revision-newline", bench("--model", "Org/Name", "--revision", SHA + "\n"), "$.revision"),
+    Bad("read-revision-newline", bench("--model", "Org/Name", "--revision", SHA + "\n"), "--revision:"),
 ]
 
 
@@ -730,12 +730,12 @@ EVERY_COMMAND = [
     Bad(
         "images-build-unknown-name",
         ("images.build", "--name", "nosuch", "--dry-run"),
-        "no image named 'nosuch'",
+        "unknown name 'nosuch'",
     ),
     Bad(
         "images-build-unknown-engine",
         ("images.build", "--name", "transformers", "--engine", "lxc", "--dry-run"),
-        "unknown container engine",
+        "unknown engine 'lxc'",
     ),
     Bad(
         "images-build-torch-wheel-escapes",
@@ -755,7 +755,7 @@ EVERY_COMMAND = [
     Bad(
         "images-pull-unknown-name",
         ("images.pull", "--name", "nosuch", "--dry-run"),
-        "no image named 'nosuch'",
+        "unknown name 'nosuch'",
     ),
     Bad(
         "images-pull-unpublished",
@@ -765,7 +765,7 @@ EVERY_COMMAND = [
     Bad(
         "images-push-unknown-name",
         ("images.push", "--name", "nosuch", "--to", "ghcr.io/me/x", "--dry-run"),
-        "no image named 'nosuch'",
+        "unknown name 'nosuch'",
     ),
     Bad(
         "images-push-not-a-reference",
@@ -775,10 +775,10 @@ EVERY_COMMAND = [
     Bad(
         "images-push-unknown-engine",
         ("images.push", "--name", "transformers", "--to", "ghcr.io/me/x", "--engine", "lxc", "--dry-run"),
-        "unknown container engine",
+        "unknown engine 'lxc'",
     ),
-    Bad("images-lock-unknown-tool", ("images.lock", "--tool", "curl", "--check"), "unknown resolver"),
-    Bad("images-list-unknown-engine", ("images.list", "--engine", "lxc"), "unknown container engine"),
+    Bad("images-lock-unknown-tool", ("images.lock", "--tool", "curl", "--check"), "unknown tool 'curl'"),
+    Bad("images-list-unknown-engine", ("images.list", "--engine", "lxc"), "unknown engine 'lxc'"),
     # tiny.build
     Bad(
         "tiny-build-target-steps-zero",
@@ -838,7 +838,7 @@ EVERY_COMMAND = [
     Bad(
         "evidence-add-no-study",
         ("evidence.add", "{tmp}/run", "--root", "{tmp}/research"),
-        "no study given",
+        "--study: no value given",
         setup=lambda t: (_research_copy(t), planted_run(t)),
     ),
     Bad(
@@ -970,7 +970,7 @@ EVERY_COMMAND = [
     ),
     # version / doctor take no values; benchmark's and pipeline's remaining options
     Bad("benchmark-head-unknown", bench(head="dense2"), "'dense2' is not allowed"),
-    Bad("benchmark-capture-head-negative", bench(capture_head="-1"), "$.head.capture"),
+    Bad("benchmark-capture-head-negative", bench(capture_head="-1"), "--capture-head: must be at least 0"),
     Bad("benchmark-dtype-unknown", bench(dtype="float8"), "'float8' is not allowed"),
     Bad("benchmark-executor-unknown", bench(executor="k8s"), "unknown executor 'k8s'"),
     Bad("benchmark-partition-newline", bench(executor="slurm", partition="gpu\n"), "a Slurm partition"),

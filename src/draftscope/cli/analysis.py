@@ -13,17 +13,23 @@ from invoke import Exit
 from draftscope.analysis.evidence import add as add_evidence
 from draftscope.analysis.evidence import check_study_inputs, load_study, research_dir
 from draftscope.analysis.evidence import verify as verify_evidence
-from draftscope.analysis.leaderboard import METRICS, leaderboard_table, metric, ranked
+from draftscope.analysis.leaderboard import METRICS, leaderboard_table, ranked
 from draftscope.analysis.load import load_run, load_runs
 from draftscope.analysis.output import refuse_existing
-from draftscope.cli.command import command, group, parse_int
+from draftscope.bench.options import BENCHMARK
+from draftscope.cli.command import command, group
 from draftscope.cli.render import console
 from draftscope.core.errors import UserError
+from draftscope.core.options import Option, OptionTable
 from draftscope.ops.share import rewrite_host_paths
 
 # The bootstrap holds every resample's median in memory and takes time in proportion: a million gives a 95% interval
 # whose ends move by far less than any threshold, in seconds; a larger number only risks the machine.
 MAX_RESAMPLES = 1_000_000
+# `compare`'s admission rule when neither the options nor a study give it.
+DEFAULT_THRESHOLD, DEFAULT_RESAMPLES, DEFAULT_SEED = "1%", 10_000, 0
+# The one `--output` row of the kit (the benchmark's run directory); each command says what its output is.
+OUTPUT = BENCHMARK.only("output")
 
 
 def _file_name(value: str, flag: str) -> Path:
@@ -36,19 +42,37 @@ def _file_name(value: str, flag: str) -> Path:
     return path
 
 
-@command(
-    iterable=["run", "comparison"],
-    variadic="run",
-    help={
-        "path": "a run directory; a folder of run directories stands for each of them",
-        "run": "one more run directory or folder (repeatable): analyze A --run B --run C (draftscope analyze A B C)",
-        "report": "also write a report folder here (must not exist): report.md, report.html, PNG figures",
-        "comparison": "a comparison.json from `invoke compare`, or a folder of them (repeatable); those in "
-        "comparisons/ here and beside the runs are found without it",
-        "sort": f"rank the runs by one metric, best first, in a leaderboard: {', '.join(METRICS)}",
-    },
+ANALYZE = OptionTable.of(
+    Option("path", "a run directory; a folder of run directories stands for each of them", positional=True),
+    Option(
+        "run",
+        "one more run directory or folder: analyze A --run B --run C (draftscope analyze A B C)",
+        repeatable=True,
+        metavar="DIR",
+    ),
+    Option(
+        "report",
+        "also write a report folder here (must not exist): report.md, report.html, PNG figures",
+        metavar="DIR",
+    ),
+    Option(
+        "comparison",
+        "a comparison.json from `invoke compare`, or a folder of them; those in comparisons/ here and beside the "
+        "runs are found without it",
+        repeatable=True,
+        metavar="PATH",
+    ),
+    Option(
+        "sort",
+        "rank the runs by one metric, best first, in a leaderboard",
+        choices=tuple(METRICS),
+        metavar="METRIC",
+    ),
 )
-def analyze(c, path, run=None, report=None, comparison=None, sort=None):
+
+
+@command(table=ANALYZE, variadic="run")
+def analyze(c, **values):
     """Tabulate runs side by side, with a leaderboard and their comparisons.
 
     Tabulate runs (backend, model@revision, images, hardware, prompts hash, completed/partial, medians with
@@ -59,12 +83,11 @@ def analyze(c, path, run=None, report=None, comparison=None, sort=None):
     from draftscope.analysis.comparisons import find_comparisons
     from draftscope.analysis.report import comparisons_table, runs_table, write_report
 
-    if sort is not None:
-        metric(sort)  # a bad name is refused before any run is read
-    loaded = load_runs([path, *(run or ())])
+    sort, report = values["sort"], values["report"]
+    loaded = load_runs([values["path"], *(values["run"] or ())])
     if sort is not None:
         loaded = [r for r, _ in ranked(loaded, sort)]
-    shown, notes = find_comparisons(loaded, comparison or ())
+    shown, notes = find_comparisons(loaded, values["comparison"] or ())
     out = console()
     if shown:
         out.print(comparisons_table(shown))
@@ -85,32 +108,55 @@ def analyze(c, path, run=None, report=None, comparison=None, sort=None):
         )
 
 
-@command(
-    help={
-        "base": "the base run directory",
-        "candidate": "the candidate run directory",
-        "threshold": "admission threshold: the candidate must be faster by more than this (e.g. 1% or 0.01)",
-        "resamples": "bootstrap resamples",
-        "seed": "bootstrap seed (recorded)",
-        "allow_subset": "compare the shared prompts when the prompt sets differ (the missing ones are named)",
-        "output": "comparison file to create (default comparisons/BASE__CANDIDATE.json; never overwritten)",
-        "study": "take the frozen threshold, resamples and seed from research/studies/STUDY.yaml",
-        "allow_unfinished": "compare a run that did not complete (running, failed, timed out, interrupted): its "
-        "finished records only, the comparison marked partial",
-    }
+# The threshold, resamples and seed have their defaults in words only (`default_text`): a study freezes them, and
+# any of them given beside --study is refused, so the body must see which were typed.
+COMPARE = OptionTable.of(
+    Option("base", "the base run directory", positional=True),
+    Option("candidate", "the candidate run directory", positional=True),
+    Option(
+        "threshold",
+        "admission threshold: the candidate must be faster by more than this (e.g. 1% or 0.01)",
+        metavar="N%|FRACTION",
+        default_text=DEFAULT_THRESHOLD,
+    ),
+    Option(
+        "resamples",
+        "bootstrap resamples",
+        kind=int,
+        minimum=1,
+        maximum=MAX_RESAMPLES,
+        fix="each resample is held in memory and computed; the 95% interval is settled long before this, "
+        "so give e.g. --resamples 10000",
+        default_text=str(DEFAULT_RESAMPLES),
+    ),
+    Option("seed", "bootstrap seed (recorded)", kind=int, minimum=0, default_text=str(DEFAULT_SEED)),
+    Option(
+        "allow_subset",
+        "compare the shared prompts when the prompt sets differ (the missing ones are named)",
+        kind=bool,
+    ),
+    OUTPUT.changed(
+        "output",
+        help="comparison file to create (never overwritten)",
+        metavar="FILE",
+        default_text="comparisons/BASE__CANDIDATE.json",
+    ),
+    Option(
+        "study",
+        "take the frozen threshold, resamples and seed from research/studies/STUDY.yaml",
+        metavar="STUDY",
+    ),
+    Option(
+        "allow_unfinished",
+        "compare a run that did not complete (running, failed, timed out, interrupted): its finished records "
+        "only, the comparison marked partial",
+        kind=bool,
+    ),
 )
-def compare(
-    c,
-    base,
-    candidate,
-    threshold=None,
-    resamples=None,
-    seed=None,
-    allow_subset=False,
-    output=None,
-    study=None,
-    allow_unfinished=False,
-):
+
+
+@command(table=COMPARE)
+def compare(c, **values):
     """Is CANDIDATE faster than BASE? Paired ratios, CI, verdict, token check.
 
     Paired per-prompt latency ratios of CANDIDATE vs BASE, median with a bootstrap 95% CI, admission verdict,
@@ -125,21 +171,14 @@ def compare(
     )
     from draftscope.analysis.stats import parse_threshold
 
+    study, threshold, resamples, seed = (values[k] for k in ("study", "threshold", "resamples", "seed"))
     frozen = _study_admission(study, (threshold, resamples, seed)) if study else {}
-    # The numbers and the output's name first: a bad one is refused before any run is read.
-    count = parse_int(
-        resamples or 10_000,
-        "--resamples",
-        1,
-        MAX_RESAMPLES,
-        fix="each resample is held in memory and computed; the 95% interval is settled long before this, "
-        "so give e.g. --resamples 10000",
-    )
-    seed_value = parse_int(seed or 0, "--seed", 0)
-    limit = parse_threshold(threshold or "1%")
-    named = _file_name(output, "--output") if output else None
-    b, cand = load_run(base), load_run(candidate)
-    refuse_unfinished((b, cand), allowed=bool(allow_unfinished))
+    # The threshold and the output's name first (the table checked the numbers): a bad one is refused before any
+    # run is read.
+    limit = parse_threshold(threshold or DEFAULT_THRESHOLD)
+    named = _file_name(values["output"], "--output") if values["output"] else None
+    b, cand = load_run(values["base"]), load_run(values["candidate"])
+    refuse_unfinished((b, cand), allowed=values["allow_unfinished"])
     if study:
         check_study_inputs(frozen["protocol"], {r.run_id: r.prompts_sha256 for r in (b, cand)})
     path = named or default_output(b, cand)
@@ -149,9 +188,9 @@ def compare(
         b,
         cand,
         threshold=frozen.get("threshold", limit),
-        resamples=frozen.get("resamples", count),
-        seed=frozen.get("seed", seed_value),
-        allow_subset=bool(allow_subset),
+        resamples=frozen.get("resamples", DEFAULT_RESAMPLES if resamples is None else resamples),
+        seed=frozen.get("seed", DEFAULT_SEED if seed is None else seed),
+        allow_subset=values["allow_subset"],
         study=study,
         argv=sys.argv,
     )
@@ -175,17 +214,33 @@ def _study_admission(study: str, given: tuple) -> dict:
     return {"protocol": protocol, **{k: protocol["admission"][k] for k in ("threshold", "resamples", "seed")}}
 
 
-@command(
-    positional=["run"],
-    help={
-        "run": "the completed run directory to reproduce",
-        "output": "the new run directory (must not exist)",
-        "allow_image_drift": "reproduce even if an image's ID/digest changed since the run (recorded)",
-        "comparison": "comparison file to create (default comparisons/RUN__NEW.json)",
-        "threshold": "threshold for the timing verdict (default 1%)",
-    },
+REPRODUCE = OptionTable.of(
+    Option("run", "the completed run directory to reproduce", positional=True),
+    OUTPUT.changed(
+        "output",
+        help="the new run directory (must not exist)",
+        required=True,
+        fix="add --output runs/NEW (a new path)",
+    ),
+    Option(
+        "allow_image_drift",
+        "reproduce even if an image's ID/digest changed since the run (recorded)",
+        kind=bool,
+    ),
+    Option(
+        "comparison",
+        "comparison file to create",
+        metavar="FILE",
+        default_text="comparisons/RUN__NEW.json",
+    ),
+    COMPARE.only("threshold").changed(
+        "threshold", help="threshold for the timing verdict", default=DEFAULT_THRESHOLD, default_text=None
+    ),
 )
-def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, threshold="1%"):
+
+
+@command(table=REPRODUCE)
+def reproduce(c, **values):
     """Re-run RUN from its manifest alone, then compare with the original.
 
     Re-run RUN from its manifest alone (frozen config, hash-checked prompts, same runtime and images), then
@@ -195,16 +250,13 @@ def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, thr
     from draftscope.analysis.stats import parse_threshold
     from draftscope.bench.reproduce import reproduce as run_reproduction
 
-    if not output:
-        raise UserError(
-            "no new run directory given", field="--output", fix="add --output runs/NEW (a new path)"
-        )
+    comparison = values["comparison"]
     doc, path = run_reproduction(
-        Path(run),
-        Path(output),
-        allow_image_drift=bool(allow_image_drift),
+        Path(values["run"]),
+        Path(values["output"]),
+        allow_image_drift=values["allow_image_drift"],
         comparison=_file_name(comparison, "--comparison") if comparison else None,
-        threshold=parse_threshold(threshold),
+        threshold=parse_threshold(values["threshold"]),
         argv=sys.argv,
     )
     print("\n".join(summary_lines(doc)))
@@ -217,20 +269,26 @@ def reproduce(c, run, output=None, allow_image_drift=False, comparison=None, thr
 ANALYSIS_TASKS = [analyze, compare, reproduce]
 
 
-@command(
-    help={
-        "root": "the research folder (default: research/ of the checkout)",
-        "strict": "fail where there is no git history to check (an sdist, an export, a shallow clone)",
-    }
+RESEARCH_ROOT = Option("root", "the research folder", metavar="DIR", default_text="research/ of the checkout")
+VERIFY = OptionTable.of(
+    RESEARCH_ROOT,
+    Option(
+        "strict",
+        "fail where there is no git history to check (an sdist, an export, a shallow clone)",
+        kind=bool,
+    ),
 )
-def verify(c, root=None, strict=False):
+
+
+@command(table=VERIFY)
+def verify(c, **values):
     """Check the research evidence: hashes, schemas, protocol-before-result.
 
     Check every hash in research/SHA256SUMS, validate every evidence artifact against its schema, and check
     through git history that each study's protocol was committed before its results, each measured from a clean
     commit (research/SUPERSEDED.yaml lists older evidence: still hash-checked, never counted)."""
-    folder = research_dir(root)
-    findings = verify_evidence(folder, strict=bool(strict))
+    folder = research_dir(values["root"])
+    findings = verify_evidence(folder, strict=values["strict"])
     for finding in findings:
         print(finding.line())
     failed = [f for f in findings if not f.ok]
@@ -244,27 +302,31 @@ def verify(c, root=None, strict=False):
     print(f"{folder}: evidence verified ({len(findings)} check(s){kept}){unchecked}")
 
 
-@command(
-    positional=["path"],
-    help={
-        "path": "a run directory, a comparison .json or a measurement .json (a head-bench report) to add",
-        "study": "the study it belongs to (research/studies/STUDY.yaml)",
-        "root": "the research folder (default: research/ of the checkout)",
-    },
+ADD = OptionTable.of(
+    ANALYZE.only("path").changed(
+        "path", help="a run directory, a comparison .json or a measurement .json (a head-bench report) to add"
+    ),
+    COMPARE.only("study").changed(
+        "study",
+        help="the study it belongs to (research/studies/STUDY.yaml)",
+        required=True,
+        fix="add --study NAME (research/studies/NAME.yaml)",
+    ),
+    RESEARCH_ROOT,
 )
-def add(c, path, study=None, root=None):
+
+
+@command(table=ADD)
+def add(c, **values):
     """Copy a run or measurement into research/evidence/ (never over one).
 
     Copy a run, a comparison or a measurement into research/evidence/STUDY/ without overwriting, and update
     SHA256SUMS."""
-    if not study:
-        raise UserError(
-            "no study given", field="--study", fix="add --study NAME (research/studies/NAME.yaml)"
-        )
-    folder = research_dir(root)
+    study = values["study"]
+    folder = research_dir(values["root"])
     rewritten: list[Path] = []
     files = add_evidence(
-        folder, Path(path), study, scrub=lambda target: rewritten.extend(rewrite_host_paths(target))
+        folder, Path(values["path"]), study, scrub=lambda target: rewritten.extend(rewrite_host_paths(target))
     )
     print(f"added {len(files)} file(s) under {folder}/evidence/{study}/ and their SHA-256 to SHA256SUMS")
     if rewritten:

@@ -8,28 +8,37 @@ from pathlib import Path
 
 from invoke import Exit
 
+from draftscope.bench.options import PLAN
 from draftscope.cli.command import command, group
+from draftscope.cli.images import ENGINE
 from draftscope.cli.render import console, print_json
 from draftscope.core.images import checkout
+from draftscope.core.options import Option, OptionTable
 from draftscope.ops import claims as C
 from draftscope.ops import kick as K
-from draftscope.ops.images.build import check_engine
 from draftscope.runtime.container import ContainerRuntime
 
-VERDICTS_HELP = "folder of the verdicts (default runs/claims)"
+VERDICTS = Option(
+    "verdicts", "folder of the verdicts", metavar="DIR", default_text=f"{C.VERDICTS_DIR} of the checkout"
+)
+LIST = OptionTable.of(VERDICTS, PLAN.only("json").changed("json", help="print as JSON"))
+REPRODUCE = OptionTable.of(
+    Option("claim", "the claim's id (invoke claims lists them)", positional=True), VERDICTS, ENGINE
+)
+KICK = OptionTable.of(VERDICTS)
 
 
 def _verdicts(root: Path, verdicts: str | None) -> Path:
     return Path(verdicts) if verdicts else root / C.VERDICTS_DIR
 
 
-@command(name="list", help={"verdicts": VERDICTS_HELP, "json": "print as JSON"})
-def list_(c, verdicts=None, json=False):
+@command(name="list", table=LIST)
+def list_(c, **values):
     """Every claim: origin, hardware, expected time, last verdict here.
 
     Every claim: origin, hardware, expected time, the command count and its last verdict here."""
     root = checkout()
-    folder = _verdicts(root, verdicts)
+    folder = _verdicts(root, values["verdicts"])
     rows = []
     for claim in C.load_claims(root):
         check, last = claim["check"], C.latest(folder, claim["id"])
@@ -45,7 +54,7 @@ def list_(c, verdicts=None, json=False):
                 "shown": C.label(claim, last),
             }
         )
-    if json:
+    if values["json"]:
         print_json(rows)
         return
     out = console()
@@ -59,22 +68,15 @@ def list_(c, verdicts=None, json=False):
     )
 
 
-@command(
-    positional=["claim"],
-    help={
-        "claim": "the claim's id (invoke claims lists them)",
-        "verdicts": VERDICTS_HELP,
-        "engine": "docker or podman",
-    },
-)
-def reproduce(c, claim, verdicts=None, engine="docker"):
+@command(table=REPRODUCE)
+def reproduce(c, **values):
     """Check one claim in the pinned images and write its verdict.
 
     Run a claim's commands in the pinned images, compare its figures and write verdict.json (never over one)."""
-    root = checkout()
+    root, claim = checkout(), values["claim"]
     found = C.find_claim(C.load_claims(root), claim)
-    runtime = ContainerRuntime(check_engine(engine))
-    ctx = C.Context(root=root, verdicts=_verdicts(root, verdicts), image_facts=runtime.image_facts)
+    runtime = ContainerRuntime(values["engine"])
+    ctx = C.Context(root=root, verdicts=_verdicts(root, values["verdicts"]), image_facts=runtime.image_facts)
     doc, path = C.reproduce(found, ctx)
     out = console()
     for row in doc["figures"]:
@@ -87,14 +89,14 @@ def reproduce(c, claim, verdicts=None, engine="docker"):
         raise Exit(code=1)
 
 
-@command(name="kick-the-tires", help={"verdicts": VERDICTS_HELP})
-def kick_the_tires(c, verdicts=None):
+@command(name="kick-the-tires", table=KICK)
+def kick_the_tires(c, **values):
     """Every claim a CPU can check, from pulled images, as a table of verdicts.
 
     Every claim a CPU can check, from pulled images (published ones, else the ones built here pushed to a
     loopback registry and pulled into an empty engine), then a table of verdicts."""
     root = checkout()
-    rows, work = K.kick(root, _verdicts(root, verdicts))
+    rows, work = K.kick(root, _verdicts(root, values["verdicts"]))
     lines = K.table(rows)
     (work / "verdicts.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = console()

@@ -122,7 +122,10 @@ class Command(Task):
                 check_text(value, f"argument {i + 1}")
         known = {k: v for k, v in kwargs.items() if k in self.table}
         parsed = self.table.parse(known)
-        return args, {**kwargs, **{k: parsed[k] for k in known}}
+        # Every option reaches the body, as invoke's parser hands them all: a task called with some (a test) gets
+        # the others' defaults; those its positional arguments give stay as given.
+        by_position = list(self._defaults())[: len(args)]
+        return args, {**kwargs, **{k: v for k, v in parsed.items() if k not in by_position}}
 
     def _defaults(self) -> dict[str, Any]:
         params = list(inspect.signature(self.body).parameters.items())[1:]
@@ -204,7 +207,7 @@ def option_rows(cmd: Task) -> list[tuple[str, str]]:
     for row in sorted(table, key=lambda r: not r.positional):
         spec = row.flag if row.kind is bool or row.positional else f"{row.flag}={row.value_name}"
         facts = [row.type_text()]
-        if row.positional:
+        if row.positional or row.required:
             facts.append("required")
         elif row.field is not None and value_of is not None:
             facts.append(f"default: {_shown(value_of(row.field))} ({source})")

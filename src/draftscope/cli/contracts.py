@@ -5,9 +5,20 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from draftscope.bench.options import PLAN
 from draftscope.cli.command import command, group
 from draftscope.cli.render import console, print_json
+from draftscope.core.options import Option, OptionTable
 from draftscope.ops import contracts as K
+
+DIFF = OptionTable.of(
+    Option(
+        "release",
+        f"the release to compare with the pinned one, NAME==VERSION (NAME: {', '.join(K.PACKAGES)})",
+        positional=True,
+    ),
+    PLAN.only("json").changed("json", help="print the differences as JSON (also when there are none)"),
+)
 
 
 def diff_table(diff: K.Diff) -> Table:
@@ -23,13 +34,8 @@ def diff_table(diff: K.Diff) -> Table:
     return table
 
 
-@command(
-    help={
-        "release": f"the release to compare with the pinned one, NAME==VERSION (NAME: {', '.join(K.PACKAGES)})",
-        "json": "print the differences as JSON (also when there are none)",
-    }
-)
-def diff(c, release, json=False):
+@command(table=DIFF)
+def diff(c, **values):
     """Before bumping a pin: what the kit uses that the new release changed.
 
     Before bumping a pin: every flag, config field, metric name, Literal value or symbol the kit uses whose form
@@ -38,8 +44,8 @@ def diff(c, release, json=False):
     The wheels are read from $DRAFTSCOPE_RELEASE_CACHE (else ~/.cache/draftscope/releases), downloaded there with
     pip when missing; nothing is imported. Example: invoke contracts.diff vllm==0.32.0
     """
-    result = K.contracts_diff(release)
-    if json:
+    result = K.contracts_diff(values["release"])
+    if values["json"]:
         print_json(result.to_dict())
     elif result.changes:
         console().print(diff_table(result))

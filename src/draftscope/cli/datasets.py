@@ -5,16 +5,44 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftscope.bench.options import BENCHMARK, PLAN
 from draftscope.cli.command import command, group
 from draftscope.cli.render import console, print_json
 from draftscope.core import datasets as D
 from draftscope.core import importers as I
-from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
+from draftscope.core.options import Option, OptionTable
+
+LIST = OptionTable.of(PLAN.only("json").changed("json", help="print as JSON"))
+IMPORT = OptionTable.of(
+    Option(
+        "file",
+        "the original question file (mt-bench, spec-bench: question.jsonl; speed-bench: its prepared test.parquet, "
+        "or those rows as JSON lines)",
+        positional=True,
+    ),
+    BENCHMARK.only("output").changed(
+        "output",
+        help="the prompt file to write (JSON; must not exist)",
+        metavar="FILE",
+        required=True,
+        fix="add --output PROMPTS.json (a new file)",
+    ),
+    Option(
+        "format",
+        "its format",
+        choices=I.FORMATS,
+        required=True,
+        metavar="FORMAT",
+        fix=f"add --format, one of: {', '.join(I.FORMATS)}",
+    ),
+    Option("name", "the prompt set's name", default_text="the format"),
+    Option("description", "a description to record in the file"),
+)
 
 
-@command(name="list", help={"json": "print as JSON"})
-def list_(c, json=False):
+@command(name="list", table=LIST)
+def list_(c, **values):
     """The prompt sets the kit ships and the formats one imports.
 
     The prompt sets: the ones shipped (name, prompts, source, commit, licence) and the formats one imports."""
@@ -34,7 +62,7 @@ def list_(c, json=False):
                 "not_shipped": up.not_shipped,
             }
         )
-    if json:
+    if values["json"]:
         print_json(rows)
         return
     out = console()
@@ -50,28 +78,15 @@ def list_(c, json=False):
     )
 
 
-@command(
-    name="import",
-    help={
-        "file": "the original question file (mt-bench, spec-bench: question.jsonl; speed-bench: its prepared "
-        "test.parquet, or those rows as JSON lines)",
-        "format": f"its format: {', '.join(I.FORMATS)}",
-        "output": "the prompt file to write (JSON; must not exist)",
-        "name": "the prompt set's name (default: the format)",
-        "description": "a description to record in the file",
-    },
-)
-def import_(c, file, output=None, format=None, name=None, description=""):
+@command(name="import", table=IMPORT)
+def import_(c, **values):
     """Convert an original question file into a prompt file.
 
     Convert an original question file into a prompt file (first turn of each question; provenance recorded)."""
-    if format is None:
-        raise UserError(
-            "no format given", field="--format", fix=f"add --format, one of: {', '.join(I.FORMATS)}"
-        )
-    if output is None:
-        raise UserError("no output given", field="--output", fix="add --output PROMPTS.json (a new file)")
-    doc = I.convert(I.check_format(format), Path(file), name=name or format, description=description)
+    fmt, output = values["format"], values["output"]
+    doc = I.convert(
+        fmt, Path(values["file"]), name=values["name"] or fmt, description=values["description"] or ""
+    )
     I.write_new(doc, Path(output))
     source = doc["source"]
     known = f", {source['repository']} @ {source['commit'][:12]}" if "commit" in source else ""

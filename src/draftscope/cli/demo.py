@@ -6,24 +6,35 @@ from pathlib import Path
 
 from invoke import Exit
 
+from draftscope.bench.options import BENCHMARK
 from draftscope.cli.command import command
+from draftscope.core import settings
+from draftscope.core.options import SHARED, Option, OptionTable
 from draftscope.ops import demo as D
 
-
-@command(
-    help={
-        "output": "the demo folder to create (default runs/demo-<time>; never overwritten)",
-        "train_python": "python of an environment with speculators 0.9.0 for the pipeline's train stage "
-        "(default $DRAFTSCOPE_TRAIN_PYTHON; make demo uses .venv-train)",
-        "dry_run": "list the steps and their commands, and stop",
-    }
+DEMO = OptionTable.of(
+    BENCHMARK.only("output").changed(
+        "output", help="the demo folder to create (never overwritten)", default_text="runs/demo-<time>"
+    ),
+    Option(
+        "train_python",
+        "python of an environment with speculators 0.9.0 for the pipeline's train stage (make demo uses "
+        ".venv-train)",
+        metavar="PYTHON",
+        default_text=f"${settings.DRAFTSCOPE_TRAIN_PYTHON.name}",
+    ),
+    SHARED.only("dry_run").changed("dry_run", help="list the steps and their commands, and stop"),
 )
-def demo(c, output=None, train_python=None, dry_run=False):
+
+
+@command(table=DEMO)
+def demo(c, **values):
     """The whole kit on the tiny models on a CPU, in minutes.
 
     Baseline, speculative and prefix-head benchmarks on the tiny models, a head study, the tiny pipeline through
     convert, validation, a report and two comparisons — then a summary. CPU only; nothing is downloaded."""
-    if dry_run:
+    output, train_python = values["output"], values["train_python"]
+    if values["dry_run"]:
         root = Path(output or "runs/demo-<time>")
         for i, step in enumerate(D.steps_for_display(root, train_python or "<train python>"), 1):
             print(f"[{i}] {step.title}\n    {Path(step.python).name} {' '.join(step.argv)}")

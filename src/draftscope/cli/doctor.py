@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from draftscope.bench.options import PLAN
 from draftscope.cli.command import command
 from draftscope.cli.render import print_json
+from draftscope.core.options import OptionTable
 from draftscope.core.provenance import kit_info
 from draftscope.ops import doctor as D
 
+DOCTOR = OptionTable.of(PLAN.only("json").changed("json", help="print the report as JSON"))
 
-@command(help={"json": "print the report as JSON"})
-def doctor(c, json=False):
+
+@command(table=DOCTOR)
+def doctor(c, **values):
     """Report the host: GPUs, driver, memory, disk, container engine, images.
 
     Report the host: NVIDIA GPUs and dtype policy, driver/CUDA, memory, disk, container engine, kit images."""
     report = D.collect()
-    if json:
+    if values["json"]:
         print_json(report)
     else:
         print("\n".join(D.render(report)))

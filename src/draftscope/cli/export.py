@@ -7,35 +7,61 @@ from pathlib import Path
 
 from draftscope.analysis.load import load_runs
 from draftscope.analysis.output import refuse_existing
+from draftscope.bench.options import BENCHMARK
+from draftscope.cli.analysis import ANALYZE
 from draftscope.cli.command import command
 from draftscope.core.errors import UserError
+from draftscope.core.options import Option, OptionTable
 
 TABLES = ("csv", "jsonl", "parquet")
 FORMATS = (*TABLES, "vllm-bench", "mlflow")
 DEFAULT_EXPERIMENT = "draftscope"
 NEEDS = {"parquet": "pyarrow.parquet", "mlflow": "mlflow.tracking"}  # from the `export` extra
 
-
-@command(
-    iterable=["run"],
-    variadic="run",
-    help={
-        "path": "a run directory; a folder of run directories stands for each of them",
-        "run": "one more run directory or folder (repeatable): export A --run B (draftscope export A B)",
-        "format": "csv, jsonl or parquet (one row per record), vllm-bench (vLLM's --save-result JSON, one line "
-        "per run) or mlflow (log each run to --tracking-uri)",
-        "output": "the file to create (never overwritten); not for --format mlflow",
-        "tracking_uri": "--format mlflow: the tracking store, e.g. sqlite:///mlflow.db or http://HOST:5000",
-        "experiment": f"--format mlflow: the experiment (created if new; default {DEFAULT_EXPERIMENT})",
-        "report": "--format mlflow: a report folder or report.html (`invoke analyze --report`) to log too",
-    },
+# --experiment has its default in words only: given with a format other than mlflow, it is refused.
+EXPORT = OptionTable.of(
+    ANALYZE.only("path", "run").changed(
+        "run", help="one more run directory or folder: export A --run B (draftscope export A B)"
+    ),
+    Option(
+        "format",
+        "csv, jsonl or parquet (one row per record), vllm-bench (vLLM's --save-result JSON, one line per run) or "
+        "mlflow (log each run to --tracking-uri)",
+        choices=FORMATS,
+        required=True,
+        metavar="FORMAT",
+        fix=f"add --format {'|'.join(FORMATS)}",
+    ),
+    BENCHMARK.only("output").changed(
+        "output", help="the file to create (never overwritten); not for --format mlflow", metavar="FILE"
+    ),
+    Option(
+        "tracking_uri",
+        "--format mlflow: the tracking store, e.g. sqlite:///mlflow.db or http://HOST:5000",
+        metavar="URI",
+    ),
+    BENCHMARK.only("experiment").changed(
+        "experiment",
+        help="--format mlflow: the experiment (created if new)",
+        metavar="NAME",
+        default_text=DEFAULT_EXPERIMENT,
+    ),
+    Option(
+        "report",
+        "--format mlflow: a report folder or report.html (`invoke analyze --report`) to log too",
+        metavar="PATH",
+    ),
 )
-def export(c, path, run=None, format=None, output=None, tracking_uri=None, experiment=None, report=None):
+
+
+@command(table=EXPORT, variadic="run")
+def export(c, **values):
     """Write runs' records as csv/jsonl/parquet or vLLM JSON, or log to MLflow.
 
     Write runs' records as csv/jsonl/parquet rows or as vLLM benchmark result JSON, or log runs (parameters,
     summary metrics, acceptance ledger, manifest and summary) to MLflow; docs/use/exports.md names every field."""
-    fmt = _format(format)
+    fmt, path, run, output = values["format"], values["path"], values["run"], values["output"]
+    tracking_uri, experiment, report = values["tracking_uri"], values["experiment"], values["report"]
     if fmt in NEEDS:
         from draftscope.analysis.export import require  # lazy: numpy, only for `export`
 
@@ -78,16 +104,6 @@ def _distinct(runs: list) -> list:
             )
         seen[found.run_id] = found.path
     return runs
-
-
-def _format(value: str | None) -> str:
-    if value is None:
-        raise UserError("no format given", field="--format", fix=f"add --format {'|'.join(FORMATS)}")
-    if value not in FORMATS:
-        raise UserError(
-            "unknown format", field="--format", value=value, fix=f"use one of {', '.join(FORMATS)}"
-        )
-    return value
 
 
 def _output(value: str | None, fmt: str) -> Path:

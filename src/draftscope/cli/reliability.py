@@ -7,28 +7,37 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from invoke import Exit
 
-from draftscope.cli.command import command, parse_int
+from draftscope.cli.command import command
 from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import read_json
+from draftscope.core.options import Option, OptionTable
 from draftscope.core.resources import repo_root
 from draftscope.ops.reliability import DEFAULT_SEED, FIGURES_ENV, SEED_ENV, Figures, seed_from_env
 
 # --- the task ---------------------------------------------------------------------------------------------------
 
-
-@command(
-    help={
-        "seed": f"seed for the random kill points (default {DEFAULT_SEED}, or ${SEED_ENV})",
-        "pytest_args": "extra pytest arguments, e.g. '-x' or '-k benchmark'",
-        "workers": "pytest-xdist workers, a test file each at a time (0: one process); their tallies are merged",
-    }
+RELIABILITY = OptionTable.of(
+    Option(
+        "seed", "seed for the random kill points", kind=int, default_text=f"${SEED_ENV}, else {DEFAULT_SEED}"
+    ),
+    Option("pytest_args", "extra pytest arguments, e.g. '-x' or '-k benchmark'", metavar="ARGS"),
+    Option(
+        "workers",
+        "pytest-xdist workers, a test file each at a time (0: one process); their tallies are merged",
+        kind=int,
+        minimum=0,
+        maximum=64,
+        default=2,
+    ),
 )
-def reliability(c, seed=None, pytest_args="", workers=2):
+
+
+@command(table=RELIABILITY)
+def reliability(c, **values):
     """Inject faults and hostile inputs into real runs; print the figures.
 
     Inject faults (kills, a full disk, concurrent runs), try the bad-input corpus and generated hostile values for
@@ -37,8 +46,8 @@ def reliability(c, seed=None, pytest_args="", workers=2):
     root = repo_root()
     if root is None or not (root / "tests" / "reliability").is_dir():
         raise UserError("the reliability suite lives in the kit's checkout", fix="run it from a git checkout")
-    chosen = seed_from_env() if seed is None else _seed(seed)
-    spread = parse_int(workers, "--workers", minimum=0, maximum=64)
+    seed, spread, pytest_args = values["seed"], values["workers"], values["pytest_args"] or ""
+    chosen = seed_from_env() if seed is None else seed
     with tempfile.TemporaryDirectory(prefix="draftscope-reliability-") as tmp:
         out = Path(tmp) / "figures.json"
         env = settings.child_env({FIGURES_ENV: str(out), SEED_ENV: str(chosen)})
@@ -69,13 +78,6 @@ def reliability(c, seed=None, pytest_args="", workers=2):
             "reliability: " + "; ".join([*short, *([f"pytest exit code {code}"] if code else [])]), code=1
         )
     print(f"reliability: every bound met (rerun these kill points with --seed {chosen})")
-
-
-def _seed(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UserError("expected an integer", field="--seed", value=value) from None
 
 
 RELIABILITY_TASKS = [reliability]

@@ -10,11 +10,20 @@ from invoke import Exit
 from draftscope.bench.recover import recover as finish_run
 from draftscope.cli.command import command
 from draftscope.core.errors import UserError
+from draftscope.core.options import Option, OptionTable
 from draftscope.core.rundir import liveness
+from draftscope.pipeline.options import PIPELINE
+
+RUN_DIR = Option("run_dir", "the run directory", positional=True)
+VALIDATE = OptionTable.of(RUN_DIR).changed("run_dir", help="the run directory (or pipeline workdir) to check")
+RECOVER = OptionTable.of(
+    OptionTable.of(RUN_DIR).changed("run_dir", help="the run directory whose supervisor was killed"),
+    PIPELINE.only("force").changed("force", help="skip the safety checks"),
+)
 
 
-@command(help={"run_dir": "the run directory (or pipeline workdir) to check"})
-def validate(c, run_dir):
+@command(table=VALIDATE)
+def validate(c, **values):
     """Validate every artifact of a run directory or pipeline workdir.
 
     Validate every artifact of a run directory, or of a pipeline workdir, against its schema (a workdir's
@@ -22,6 +31,7 @@ def validate(c, run_dir):
     # lazy: ops.validate imports the stage registry (every stage); the command line starts without it
     from draftscope.ops.validate import validate_path
 
+    run_dir = values["run_dir"]
     report = validate_path(run_dir)
     for verdict in report.verdicts:
         print(verdict.line())
@@ -46,14 +56,15 @@ def _liveness_line(run_dir: str) -> str | None:
     return f"note: {state.describe()}{hint}"
 
 
-@command(help={"run_dir": "the run directory whose supervisor was killed", "force": "skip the safety checks"})
-def recover(c, run_dir, force=False):
+@command(table=RECOVER)
+def recover(c, **values):
     """Finish the record of a run whose supervisor was killed outright.
 
     Finish the record of a run whose supervisor was killed outright (SIGKILL, the OOM killer, a crash): stop
     what its step left running, cut a torn last record, write the summary from the records kept and the status
     `interrupted` with the reason. A live or finished run is refused."""
-    manifest = finish_run(Path(run_dir), force=force)
+    run_dir = values["run_dir"]
+    manifest = finish_run(Path(run_dir), force=values["force"])
     print(f"{run_dir}: {manifest['status']}: {manifest['reason']}")
 
 

@@ -52,6 +52,7 @@ class Option:
     default_text: str | None = None  # the default in words, where the command works it out (`runs/NAME-<stamp>`)
     repeatable: bool = False
     positional: bool = False
+    required: bool = False  # the command needs it: the help says so, the parse refuses its absence
     metavar: str | None = None  # the value's name in help (default: its type, or the positional's name)
     sets: Any = True  # a flag (kind bool) that sets its field sets it to this
 
@@ -64,7 +65,10 @@ class Option:
     @property
     def flag(self) -> str:
         dashed = self.name.replace("_", "-")
-        return dashed.upper() if self.positional else f"--{dashed}"
+        if self.positional:
+            return dashed.upper()
+        # one letter: invoke's spelling, `-k`, the only one it parses
+        return f"-{dashed}" if len(dashed) == 1 else f"--{dashed}"
 
     @property
     def allowed(self) -> tuple[str, ...]:
@@ -248,6 +252,10 @@ class OptionTable:
             value = row.parse(raw)
             if (value is None or value is False) and row.field is None and row.default is not None:
                 value = row.default
+            if row.required and value in (None, ""):
+                raise UserError(
+                    "no value given", field=row.flag, fix=row.fix or f"add {row.flag} {row.value_name}"
+                )
             out[row.name] = value
         return out
 

@@ -140,8 +140,8 @@ def test_an_existing_output_is_never_overwritten(folder, tmp_path):
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        ((), ["--format", "no format given", "fix: add --format csv|jsonl|parquet|vllm-bench|mlflow"]),
-        (("--format", "xlsx"), ["--format", "unknown format", "'xlsx'", "use one of csv, jsonl"]),
+        ((), ["--format", "no value given", "fix: add --format csv|jsonl|parquet|vllm-bench|mlflow"]),
+        (("--format", "xlsx"), ["--format", "unknown format 'xlsx'", "choose one of: csv, jsonl"]),
         (("--format", "csv"), ["--output", "no output file given", "fix: add --output"]),
         (
             ("--format", "csv", "--output", "x.csv", "--tracking-uri", "sqlite:///m.db"),

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from invoke import Context
 from test_analysis_synthetic import make_run  # tests/unit/analysis, on the path (tests/conftest.py)
 
 from draftscope.analysis import leaderboard as L
@@ -78,7 +79,7 @@ def test_an_unknown_metric_names_the_flag_and_the_choices():
 def test_analyze_sort_prints_the_leaderboard_and_writes_it_into_the_report(runs, tmp_path, capsys):
     report = tmp_path / "rep"
     paths = [str(runs[n].path) for n in ("slow", "mid", "fast")]
-    cli_analysis.analyze.body(None, paths[0], run=paths[1:], report=str(report), sort="decode-tok-s")
+    cli_analysis.analyze(Context(), path=paths[0], run=paths[1:], report=str(report), sort="decode-tok-s")
     out = capsys.readouterr().out
     assert "Leaderboard: median decode tok/s (higher is better)" in out
     assert out.index("fast") < out.index("mid") < out.index("slow")
