@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -304,21 +304,9 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@contextlib.contextmanager
-def serving(
-    commands: Sequence[Command],
-    *,
-    logs: Path,
-    stage: str,
-    startup_timeout: float,
-    health_path: str = "/health",
-    say=print,
-) -> Iterator[ServerGroup]:
-    group = ServerGroup(
-        commands, logs=logs, stage=stage, startup_timeout=startup_timeout, health_path=health_path, say=say
-    )
-    with group:
-        yield group
+# `with serving(commands, ...) as group:` the servers are up and healthy inside, and stopped after: the group is its
+# own context manager.
+serving = ServerGroup
 
 
 def run_clients(
