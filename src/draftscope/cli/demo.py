@@ -1,4 +1,4 @@
-"""`invoke demo`: the whole kit on a CPU, end to end (`make demo` sets up both environments and calls it)."""
+"""`invoke demo`: the whole kit on a CPU, end to end (`make demo` sets up the CPU environment, .venv-train, and calls it)."""
 
 from __future__ import annotations
 

@@ -277,7 +277,7 @@ DRAFTSCOPE_TRAIN_PYTHON = _var(
     "DRAFTSCOPE_TRAIN_PYTHON",
     "user",
     "`invoke demo`: the python of an environment with speculators, for the pipeline's train stage "
-    "(`--train-python` wins; `make demo` sets it)",
+    "(`--train-python` wins; `make demo` passes `--train-python`)",
     unset="`--train-python` is needed",
 )
 DRAFTSCOPE_RELEASE_CACHE = _var(
