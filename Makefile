@@ -106,19 +106,34 @@ vllm-env: train-env
 demo: train-env
 	$(TRAIN_VENV)/bin/invoke demo --train-python $(TRAIN_VENV)/bin/python
 
-# The CI entry: lint, then every test that needs neither a GPU nor a container engine nor the package index.
-# The container, contract, reliability and Slurm tiers have their own targets; gpu tests skip without CUDA.
-# TEST_WORKERS pytest-xdist workers (default 2), a test file per worker at a time (--dist loadfile: a module's
-# fixtures, such as a tiny run several tests read, are made once); TEST_WORKERS=0 runs in this one process.
+# --- tests, by cost (docs/develop/testing.md) ------------------------------------------------------------------
+# Each tier is one pytest run over the markers of pyproject.toml; any non-zero exit fails it, pytest's 5 (no test
+# collected) included. LOCAL: every test that needs no container engine, package index, Slurm cluster or vLLM
+# engine; `make test` runs its fast part, `make test-slow` the rest (marked `slow`), and the tiers below need the
+# named parts. gpu tests skip without CUDA. TEST_WORKERS pytest-xdist workers (default 2), a test file per worker
+# at a time (--dist loadfile: a module's fixtures, such as a tiny run several tests read, are made once);
+# TEST_WORKERS=0 runs in this one process.
 TEST_WORKERS ?= 2
-test: setup lint
-	$(BIN)/python -m pytest -m "not container and not contract and not reliability and not slurm and not vllm" \
-		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+LOCAL := not container and not contract and not reliability and not slurm and not vllm
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-# The fast tier: the unit tests that need no torch (pure Python: planning, argv, schemas, configs, records), spread
-# over the cores. The torch-backed unit tests (the head's kernels and properties, the decode loop) run in `make test`.
+# The README's command and CI's first tier (under 4 min on 2 cores): lint, then the unit tests and the integration
+# tests that run no model: planning, argv, schemas, records, the CLI, the decode loop and the head on tiny tensors.
+test: setup lint
+	$(BIN)/python -m pytest -m "$(LOCAL) and not slow" $(XDIST) $(PYTEST_ARGS)
+
+# The rest of LOCAL (~8 min on 2 cores; CI runs it right after `make test`): the tiny models' benchmarks, regen,
+# pipeline and head study, the tiny build, the Triton kernels (interpreted and compiled), the property tests of
+# 2,000 cases, the wheel and a host install in fresh venvs (they install from the package index), research/'s
+# verification, hostile run directories. Its report test needs the headless browser (tests/browser-install.sh).
+.PHONY: test-slow
+test-slow: setup
+	$(BIN)/python -m pytest -m "$(LOCAL) and slow" $(XDIST) $(PYTEST_ARGS)
+
+# A quick part of `make test` (about a minute): its unit tests that need no torch (pure Python: planning, argv,
+# schemas, configs, records), over every core; no lint.
 test-fast: setup
-	$(BIN)/python -m pytest tests/unit -m "not torch" -n auto -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -m "not torch and not slow" -n auto -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # A real container engine (podman + runc behind its Docker API, driven by the docker CLI; see images/local/):
 # builds images/transformers/Dockerfile on a local base and runs benchmarks in it. Needs an answering engine.
@@ -153,7 +168,14 @@ test-slurm: setup
 test-vllm: setup train-env
 	$(TRAIN_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
-test-all: test test-container test-contract test-reliability test-slurm test-vllm
+# The training stages with the real speculators 0.9.0, in the CPU engine environment (it caps transformers at 5.19):
+# pretokenize → prepare → hsextract → train → convert for each draft type (in .venv these tests skip: no speculators).
+.PHONY: test-speculators
+test-speculators: setup train-env
+	$(TRAIN_VENV)/bin/python -m pytest tests/integration/test_pipeline_speculators.py $(PYTEST_ARGS)
+
+# Every tier CI runs, cheapest first (CI runs them as .ci/run; not test-sglang-image).
+test-all: test test-slow test-contract test-container test-speculators test-vllm test-reliability test-slurm
 
 # The layers (docs/develop/architecture.md): .importlinter's contracts, read from the source on every run (no cache).
 lint: setup

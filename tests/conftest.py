@@ -1,4 +1,5 @@
-"""Shared fixtures. Tests mirror `src/`; markers (pyproject.toml) split them by cost and by what they need.
+"""Shared fixtures. Tests mirror `src/`; markers (pyproject.toml) split them by cost (`slow`: `make test` leaves
+them out, `make test-slow` runs them) and by what they need (the Makefile's other test tiers).
 
 Helpers live in `tests/support.py` (this folder is on sys.path because this conftest lives here)."""
 
@@ -66,7 +67,8 @@ def _uses_torch(path: Path) -> bool:
 def _long_first(items: list[pytest.Item]) -> None:
     """Modules with a `slow` test run first, each module's tests in their order. pytest-xdist (`--dist loadfile`)
     hands out whole modules in collection order: a long module handed out last keeps one worker busy while the
-    other waits, so the long ones go first and the short ones fill in around them."""
+    other waits, so the long ones go first and the short ones fill in around them (in a run of several tiers, such
+    as `pytest -m "not container"`; each tier of the Makefile holds either slow modules only or none)."""
     slow = {
         item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module is not None
     }

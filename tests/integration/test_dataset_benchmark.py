@@ -9,7 +9,7 @@ from draftscope.core import datasets
 
 from support import run_invoke
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a real benchmark of the tiny models
 
 ARGS = ("benchmark", "--backend", "transformers", "--runtime", "local", "--preset", "tiny", "--device", "cpu")
 

@@ -34,7 +34,7 @@ from test_analysis_synthetic import make_run
 
 from support import ROOT, run_invoke
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # 31 fresh `invoke` processes in its fixture
 
 CANARY = "canary"  # the planted program's name on PATH
 

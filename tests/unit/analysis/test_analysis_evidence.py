@@ -19,6 +19,9 @@ from draftscope.core.errors import UserError
 
 from support import ROOT
 
+# Slow: most tests verify a copy of research/, every committed record against its schema (seconds each).
+pytestmark = pytest.mark.slow
+
 RESEARCH = ROOT / "research"
 CPU_REPORT = "evidence/prefix-head-cpu/measurements/prefix-head-cpu.json"
 

@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -311,9 +312,15 @@ def _at(doc: Any, path: tuple[str | int, ...]) -> Any:
     return doc
 
 
+@cache
+def _examples(name: str) -> list[Any]:
+    """EXAMPLES[name], read once (every case of the schema starts from a deep copy of one of them)."""
+    return EXAMPLES[name]()
+
+
 def _base(name: str, place: Place, parents: tuple[Place, ...]) -> Any:
     """A valid document in which the value at `place` exists (from a real example, made up where none has it)."""
-    examples = EXAMPLES[name]()
+    examples = _examples(name)
 
     def depth(example: Any) -> int:
         node, reached = example, 0

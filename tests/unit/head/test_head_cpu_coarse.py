@@ -87,6 +87,7 @@ def hostile_case(rng, *, vocab, hidden, rows, rnd, h_scale, w_scale, ties, outli
     return h, w
 
 
+@pytest.mark.slow  # CASES cases
 @settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**32 - 1),

@@ -153,6 +153,9 @@ def _refine_cases() -> list[dict]:
     ]
 
 
+# Slow: every test but two starts Triton in a subprocess (its interpreter, or its compiler for two archs).
+pytestmark = pytest.mark.slow
+
 CASES = {"coarse": _coarse_cases(), "topk": _topk_cases(), "refine": _refine_cases()}
 
 

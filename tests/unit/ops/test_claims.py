@@ -119,9 +119,11 @@ def test_a_claim_is_reproduced_not_reproduced_or_failed_and_no_verdict_is_overwr
 
 
 WAITER = """#!/bin/sh
-# stands in for `python -m invoke NAME`: writes NAME, then waits (at most 10 s) for the other name to appear
+# stands in for `python -m invoke NAME`: writes NAME, then waits (at most 10 s) for the other name to appear;
+# waiting for `never` fails at once, as the wait would after 10 s
 shift 2
 touch "$WORK/$1"
+[ "$2" = never ] && exit 3
 for _ in $(seq 100); do [ -e "$WORK/$2" ] && exit 0; sleep 0.1; done
 exit 3
 """
