@@ -49,7 +49,7 @@ class Option:
     schema: Mapping[str, Any] | None = None  # the field's schema, where a generated one cannot say it ($refs)
     fix: str | None = None  # the fix an error about this value gives (the schema's x-fix)
     default: Any = None  # a command option's default (a field's is the preset's)
-    default_text: str | None = None  # the default in words, where the command works it out (`runs/NAME-<stamp>`)
+    default_text: str | None = None  # the default in words, where the command works it out
     repeatable: bool = False
     positional: bool = False
     required: bool = False  # the command needs it: the help says so, the parse refuses its absence

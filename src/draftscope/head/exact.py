@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 
 U_FP32 = 2.0**-23  # fp32 machine epsilon: a truncating accumulator's worst step, twice round-to-nearest's
-SAFETY = (
-    2.0  # docs/review/head.md: validate on real hardware; the property tests emulate several orders and truncation
-)
+# docs/review/head.md: validate on real hardware; the property tests emulate several orders and truncation
+SAFETY = 2.0
 PAD = 1e-9  # relative pad on every error term computed in float64, for the float64 arithmetic's own rounding
 
 OUTPUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
