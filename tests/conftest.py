@@ -65,14 +65,20 @@ def _uses_torch(path: Path) -> bool:
 
 
 def _long_first(items: list[pytest.Item]) -> None:
-    """Modules with a `slow` test run first, each module's tests in their order. pytest-xdist (`--dist loadfile`)
-    hands out whole modules in collection order: a long module handed out last keeps one worker busy while the
-    other waits, so the long ones go first and the short ones fill in around them (in a run of several tiers, such
-    as `pytest -m "not container"`; each tier of the Makefile holds either slow modules only or none)."""
+    """Modules with a `slow` test run first, then the modules that import torch (they load or run the tiny models:
+    the long ones among the rest), then the others; each module's tests in their order. pytest-xdist (`--dist
+    loadfile`) hands out whole modules in collection order: a long module handed out last keeps one worker busy
+    while the other waits, so the long ones go first and the short ones fill in around them."""
     slow = {
         item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module is not None
     }
-    items.sort(key=lambda item: item.module is None or item.module.__name__ not in slow)  # stable
+
+    def rank(item: pytest.Item) -> int:
+        if item.module is None:
+            return 2
+        return 0 if item.module.__name__ in slow else 1 if _uses_torch(Path(item.fspath)) else 2
+
+    items.sort(key=rank)  # stable
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
