@@ -108,21 +108,21 @@ demo: train-env
 
 # --- tests, by cost (docs/develop/testing.md) ------------------------------------------------------------------
 # Each tier is one pytest run over the markers of pyproject.toml; any non-zero exit fails it, pytest's 5 (no test
-# collected) included. LOCAL: every test that needs no container engine, package index, Slurm cluster or vLLM
-# engine; `make test` runs its fast part, `make test-slow` the rest (marked `slow`), and the tiers below need the
-# named parts. gpu tests skip without CUDA. TEST_WORKERS pytest-xdist workers (default 2), a test file per worker
+# collected) included. LOCAL: every test outside the tiers below (container, contract, reliability, Slurm, vLLM);
+# `make test` runs its fast part (no network either), `make test-slow` the rest (marked `slow`). gpu tests skip
+# without CUDA. TEST_WORKERS pytest-xdist workers (default 2), a test file per worker
 # at a time (--dist loadfile: a module's fixtures, such as a tiny run several tests read, are made once);
 # TEST_WORKERS=0 runs in this one process.
 TEST_WORKERS ?= 2
 LOCAL := not container and not contract and not reliability and not slurm and not vllm
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-# The README's command and CI's first tier (under 4 min on 2 cores): lint, then the unit tests and the integration
-# tests that run no model: planning, argv, schemas, records, the CLI, the decode loop and the head on tiny tensors.
+# The README's command and CI's first tier (under 4 min on 2 cores): lint, then the unit tests and the quick
+# integration tests: planning, argv, schemas, records, the CLI, the decode loop on the tiny models, the head's math.
 test: setup lint
 	$(BIN)/python -m pytest -m "$(LOCAL) and not slow" $(XDIST) $(PYTEST_ARGS)
 
-# The rest of LOCAL (~8 min on 2 cores; CI runs it right after `make test`): the tiny models' benchmarks, regen,
+# The rest of LOCAL (~3.5 min on 2 cores; CI runs it right after `make test`): the tiny models' benchmarks, regen,
 # pipeline and head study, the tiny build, the Triton kernels (interpreted and compiled), the property tests of
 # 2,000 cases, the wheel and a host install in fresh venvs (they install from the package index), research/'s
 # verification, hostile run directories. Its report test needs the headless browser (tests/browser-install.sh).
