@@ -26,8 +26,8 @@ Environments
                      tools (what the test and lint targets use)
   run-env            .venv with the kit's CPU runtime only
 Tests and lint (docs/develop/testing.md)
-  test               lint and the test suite, as CI runs it first; test-fast, test-all and the other test-*
-                     targets are its tiers
+  test               lint and the fast tests (< 4 min on 2 cores), CI's first tier; test-slow the slower ones,
+                     test-all every tier (test-fast, test-speculators, test-vllm, … one each)
   lint, format       ruff, the import contracts, hadolint; format rewrites what ruff can
 Images, release, claims (images/README.md, ARTIFACT.md)
   images, image-NAME the pinned images (make -n image-NAME prints the engine command and builds nothing)

@@ -11,7 +11,9 @@ TARGET = re.compile(r"^([a-z][a-z0-9-]*):(?!=)", re.M)
 
 
 def _make(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        ["make", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_make_alone_prints_every_target_and_runs_nothing():
