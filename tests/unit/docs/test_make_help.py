@@ -12,7 +12,12 @@ TARGET = re.compile(r"^([a-z][a-z0-9-]*):(?!=)", re.M)
 
 def _make(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["make", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        ["make", "--no-print-directory", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
