@@ -149,6 +149,17 @@ def token_check(base: Run, candidate: Run, keys: Sequence[str], expected: bool, 
     }
 
 
+def within_run(base: Run, candidate: Run) -> dict[str, Any]:
+    """Whether each run's repeats agree with its own first repeat (the summary's greedy agreement): a run whose
+    engine changed the target's output on one repeat disagrees with itself, whatever the other run did."""
+
+    def one(run: Run) -> dict[str, Any]:
+        found = run.summary["disagreements"]
+        return {"agree": not found, "disagreements": len(found), "first": found[0] if found else None}
+
+    return {"base": one(base), "candidate": one(candidate)}
+
+
 def _pair_stat(base: Run, candidate: Run, key: str) -> dict[str, Any]:
     b = stat(r[key] for r in base.records)
     c = stat(r[key] for r in candidate.records)
@@ -217,7 +228,10 @@ def compare_runs(
             "request_tok_s": _pair_stat(base, candidate, "request_tok_s"),
             "decode_tok_s": _pair_stat(base, candidate, "decode_tok_s"),
         },
-        "tokens": token_check(base, candidate, keys, expected, basis),
+        "tokens": {
+            **token_check(base, candidate, keys, expected, basis),
+            "within_run": within_run(base, candidate),
+        },
         "figure": None,
         "reproduction": None,
         "notes": notes,
@@ -296,6 +310,14 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     elif first is not None:
         line += " — a MISMATCH where tokens must agree"
     lines.append(line)
+    for side, own in tok.get("within_run", {}).items():
+        if not own["agree"]:
+            d = own["first"]
+            lines.append(
+                f"  {side}'s own repeats DISAGREE: {own['disagreements']} record(s) differ from their prompt's first "
+                f"repeat; first: prompt {d['prompt_id']} repeat {d['repeat']} at position "
+                f"{d['first_diverging_position']} (greedy decoding must repeat itself)"
+            )
     for row in tok.get("per_prompt", ()):
         where = row["first_divergence"]
         agreement = f"{row['identical']}/{row['compared']} identical"

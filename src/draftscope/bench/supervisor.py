@@ -27,7 +27,7 @@ from draftscope.core.errors import UserError
 from draftscope.core.hub import is_pinned
 from draftscope.core.jsonio import read_json
 from draftscope.core.platforms import require_linux
-from draftscope.core.presets import ExperimentConfig
+from draftscope.core.presets import ExperimentConfig, pin_fix
 from draftscope.core.progress import print_tail
 from draftscope.core.provenance import shell_join, versions
 from draftscope.core.rundir import RECORDS, SUMMARY, InputFile, RunDir
@@ -71,7 +71,7 @@ def preflight(plan: Plan, runtime: Runtime, *, here: bool = True) -> None:
             raise UserError(
                 f"{download.role} {download.repo} has no pinned revision",
                 field="revision",
-                fix="pin the full 40-character commit SHA in the preset or pass --revision/--draft-revision",
+                fix=pin_fix(download.role, download.repo),
             )
     if not here:
         return

@@ -29,8 +29,10 @@ from draftscope.core.provenance import versions
 from draftscope.core.rundir import RunDir
 
 WORKER_FACTS = "worker.json"
-# Fault injection for the reliability and container tests: `after-records:N:exit:CODE` ends the worker with CODE
-# once N records are written (0: before the first). The supervisor notes in the manifest when one was set.
+# Fault injection for the reliability, container and integration tests: `after-records:N:exit:CODE` ends the worker
+# with CODE once N records are written (0: before the first); `repeat:R:change-token:P` changes the token at position
+# P of each generation of repeat R, as a speculative engine that altered the target's output would (the check that
+# catches one is the summary's greedy agreement across repeats). The supervisor notes in the manifest when one was set.
 FAILPOINT = settings.DRAFTSCOPE_FAILPOINT.name
 WARMUP_TOKENS = 8
 
@@ -116,14 +118,15 @@ def run(run_dir: Path) -> int:
         for repeat in range(config.repeats):  # repeat-major: drift spreads over prompts, not onto one
             for prompt, ids in encoded:
                 gen = backend.generate(ids, max_new_tokens=max_new, ignore_eos=fixed)
-                n = len(gen.token_ids)
+                token_ids = changed_token(gen.token_ids, repeat)
+                n = len(token_ids)
                 record = {
                     "schema_version": 1,
                     "prompt_id": prompt["id"],
                     "prompt_sha256": prompt_sha256(prompt["messages"]),
                     "repeat": repeat,
                     "prompt_tokens": len(ids),
-                    "generated_token_ids": gen.token_ids,
+                    "generated_token_ids": token_ids,
                     "generated_tokens": n,
                     "request_seconds": gen.request_seconds,
                     "request_tok_s": n / gen.request_seconds,
@@ -147,10 +150,11 @@ def run(run_dir: Path) -> int:
 
 
 def _failpoint(written: int) -> None:
-    spec = settings.DRAFTSCOPE_FAILPOINT.get()  # (N, CODE); None when unset; malformed: a UserError
-    if spec is None:
+    # (N, CODE, None, None) or (None, None, R, P); None when unset; malformed: a UserError
+    spec = settings.DRAFTSCOPE_FAILPOINT.get()
+    if spec is None or spec[0] is None:
         return
-    after, code = spec
+    after, code = spec[:2]
     if written == int(after):
         print(
             f"failpoint {settings.DRAFTSCOPE_FAILPOINT.raw()}: exiting with code {code}",
@@ -158,3 +162,17 @@ def _failpoint(written: int) -> None:
             flush=True,
         )
         os._exit(int(code))
+
+
+def changed_token(token_ids: list[int], repeat: int) -> list[int]:
+    """The generation as recorded: with `repeat:R:change-token:P` injected, repeat R's token at position P becomes
+    another id (the one below it; 1 for id 0), when the generation reaches P; otherwise the ids unchanged."""
+    spec = settings.DRAFTSCOPE_FAILPOINT.get()
+    if spec is None or spec[2] is None:
+        return token_ids
+    at_repeat, position = int(spec[2]), int(spec[3])
+    if repeat != at_repeat or position >= len(token_ids):
+        return token_ids
+    changed = list(token_ids)
+    changed[position] = changed[position] - 1 if changed[position] > 0 else 1
+    return changed

@@ -27,10 +27,16 @@ from draftscope.core.errors import UserError
 from draftscope.core.hub import is_pinned
 from draftscope.core.resources import presets_dir
 
-PIN_FIX = (
-    "pin the full 40-character commit SHA of the repository (its hub page → 'Files and versions' → the commit, "
-    "or `huggingface_hub.HfApi().model_info(repo).sha`) in the preset or with --revision"
-)
+
+def pin_fix(role: str, repo: str) -> str:
+    """How to pin `repo` in a form the benchmark accepts as typed: the flags of its role (--revision pins only a
+    --model; a preset's own target is pinned in the preset), or the preset file."""
+    flags = "--draft {} --draft-revision" if role.startswith("draft") else "--model {} --revision"
+    return (
+        f"pass {flags.format(repo)} FULL_40_HEX_SHA (a commit you checked: the repository's hub page → "
+        f"'Files and versions' → the commit, or `huggingface_hub.HfApi().model_info('{repo}').sha`), or set its "
+        "revision in the model preset (presets/models/)"
+    )
 
 
 # --- model presets ------------------------------------------------------------------------------------------
@@ -49,10 +55,15 @@ class HubRef:
     def display(self) -> str:
         return f"{self.repo}@{self.revision or '<unpinned: no public commit SHA recorded>'}"
 
-    def require_pinned(self, what: str) -> None:
-        """Real runs refuse an unpinned model: its weights could change under the same name."""
+    def require_pinned(self, what: str, *, fix: str | None = None) -> None:
+        """Real runs refuse an unpinned model (its weights could change under the same name); `fix`: a command's
+        own, else the benchmark's flags for `what` (target or draft)."""
         if not self.pinned:
-            raise UserError(f"{what} {self.repo} has no pinned revision", field="revision", fix=PIN_FIX)
+            raise UserError(
+                f"{what} {self.repo} has no pinned revision",
+                field="revision",
+                fix=fix or pin_fix(what, self.repo),
+            )
 
 
 @dataclass(frozen=True)

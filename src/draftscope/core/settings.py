@@ -423,11 +423,12 @@ DRAFTSCOPE_TEST_JOB_TIME_S = _var(
 DRAFTSCOPE_FAILPOINT = _var(
     "DRAFTSCOPE_FAILPOINT",
     "tests",
-    "fault injection: `after-records:N:exit:CODE` ends the benchmark worker with CODE once N records are written; "
-    "passed on into steps and noted in the manifest",
+    "fault injection in the benchmark worker: `after-records:N:exit:CODE` ends it with CODE once N records are "
+    "written; `repeat:R:change-token:P` changes the token at position P of every generation of repeat R (0-based), "
+    "as an engine that altered the target's greedy output would; passed on into steps and noted in the manifest",
     pattern(
-        r"after-records:(\d+):exit:(\d+)",
-        "after-records:N:exit:CODE",
+        r"after-records:(\d+):exit:(\d+)|repeat:(\d+):change-token:(\d+)",
+        "after-records:N:exit:CODE or repeat:R:change-token:P",
         message="malformed fault-injection spec",
     ),
     unset="no fault",

@@ -77,7 +77,11 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
     ctx = plan.context
     preset = plan.preset
     if preset.hub is not None and plan.config.model_path is None:
-        preset.hub.require_pinned(f"target of preset '{preset.name}'")
+        preset.hub.require_pinned(
+            f"target of preset '{preset.name}'",
+            fix=f"set hub.revision in the model preset '{preset.name}' to a full 40-character commit SHA you checked "
+            "(presets/models/, or a copy under DRAFTSCOPE_PRESETS), or give a local checkpoint (--opts model_path=DIR)",
+        )
     if plan.config.model_path is not None and not Path(plan.config.model_path).is_dir():
         raise UserError("model_path is not a folder", field="model_path", value=plan.config.model_path)
     if preset.source == "kit":

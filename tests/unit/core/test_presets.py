@@ -130,8 +130,40 @@ def test_unpinned_reference_refuses_a_real_run():
     ref = P.load_model_preset("qwen38-27b").int4
     assert ref is not None and not ref.pinned
     assert "<unpinned" in ref.display()
-    with pytest.raises(UserError, match=r"no pinned revision.*fix: pin the full"):
+    with pytest.raises(
+        UserError, match=r"no pinned revision.*fix: pass --model RedHatAI/\S+ --revision FULL_40_HEX"
+    ):
         ref.require_pinned("target")
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_the_pin_errors_fix_is_a_form_the_benchmark_accepts(role):
+    """The fix names flags; typed as it says (with a SHA), they make a config that pins the checkpoint: --revision
+    alone, without --model, would be refused (acceptance of "Pipelines that finish": the INT4 pin)."""
+    import re
+    import shlex
+
+    from draftscope.bench.options import experiment_config
+    from draftscope.bench.plan import plan_benchmark
+
+    preset = P.load_model_preset("qwen38-27b")
+    ref = preset.int4 if role == "target" else preset.drafts.dflash2
+    ref = P.HubRef(ref.repo, None)
+    with pytest.raises(UserError) as caught:
+        ref.require_pinned(role)
+    fix = re.search(r"pass (--\S+ \S+ --\S+) FULL_40_HEX_SHA", caught.value.render())
+    assert fix, caught.value.render()
+    flag, repo, rev_flag = shlex.split(fix.group(1))
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    overrides = {flag.lstrip("-").replace("-", "_"): repo, rev_flag.lstrip("-").replace("-", "_"): sha}
+    if (
+        role == "draft"
+    ):  # a draft given by flag pins the target the preset names; pin that too (as a user would)
+        overrides.update(model=preset.int4.repo, revision=sha)
+    config = experiment_config(backend="vllm", int4_dflash=True, **overrides)
+    plan = plan_benchmark(config)
+    pinned = {d.role: (d.repo, d.revision) for d in plan.downloads}
+    assert pinned[role] == (repo, sha)
 
 
 def test_a_preset_without_source_is_told_that_alone():
