@@ -17,7 +17,7 @@ from draftscope.bench.backends import Backend
 from draftscope.core import datasets
 from draftscope.core.config import to_dict
 from draftscope.core.errors import UserError
-from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir
+from draftscope.core.hub import hub_cache_dir
 from draftscope.core.jsonio import parse_json, read_bytes
 from draftscope.core.presets import (
     ExperimentConfig,
@@ -30,7 +30,7 @@ from draftscope.core.presets import (
 from draftscope.core.resources import resolve_path
 from draftscope.core.schema import check
 from draftscope.head.vllm_switch import env_for as prefix_head_env
-from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step, limits_for
+from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount, Step, fetch_step, limits_for
 
 
 @dataclass(frozen=True)
@@ -158,19 +158,7 @@ def plan_benchmark(config: ExperimentConfig, output: str | None = None) -> Plan:
     gpus = 0 if config.device == "cpu" else -1
     steps: list[Step] = []
     if downloads:
-        argv = fetch_argv(CACHE_MOUNT, [(d.repo, d.revision) for d in downloads])
-        steps.append(
-            Step(
-                name="fetch",
-                image=FETCH_IMAGE,
-                argv=tuple(argv),
-                mounts=(Mount(str(cache), CACHE_MOUNT, read_only=False),),
-                env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
-                network=True,
-                limits=limits_for(config.container, gpus=0, fetch=True),
-                credentials=CREDENTIALS,  # the one step that talks to the hub
-            )
-        )
+        steps.append(fetch_step([(d.repo, d.revision) for d in downloads], str(cache), config.container))
 
     env = {"HF_HUB_CACHE": CACHE_MOUNT, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env |= prefix_head_env(config, RUN_MOUNT)  # {} unless experimental_prefix

@@ -50,6 +50,11 @@ def dry_run_lines(plan: Plan, runtime: Runtime, output: Path) -> list[str]:
     for step in plan.steps:
         argv = runtime.argv(step, ctx)
         lines.append(f"# step {step.name} (image {step.image}, runtime {runtime.name})")
+        if step.by_name:
+            given = settings.present(step.by_name)
+            lines.append(
+                f"#   by name (values never recorded): {', '.join(step.by_name)}; set here: {', '.join(given) or 'none'}"
+            )
         lines.append(_join(argv))
     lines.extend(plan.backend.dry_run_lines(plan.experiment, plan.preset))
     return lines
@@ -185,9 +190,12 @@ def _run_steps(
     for step in plan.steps:
         watcher = Progress(run.path / RECORDS, plan.prompts.count * plan.experiment.repeats, say)
         argv = runtime.argv(step, ctx)  # exactly what runs (and what --dry-run prints)
+        # What the step received by name from this environment (credentials, the fetch step's proxy or mirror):
+        # the names only, as the argv holds them.
+        named = {"by_name": given} if (given := settings.present(step.by_name)) else {}
         # Recorded as running before it starts: a supervisor killed outright leaves the step named.
         with contextlib.suppress(OSError):
-            run.update(steps=[*steps_state, {"name": step.name, "status": "running", "argv": argv}])
+            run.update(steps=[*steps_state, {"name": step.name, "status": "running", "argv": argv, **named}])
         say(f"{step.name}: started; log: {ctx.run_dir / 'logs' / f'{step.name}.log'}")
         if step.name == "benchmark":
             watcher.start()
@@ -197,6 +205,8 @@ def _run_steps(
             watcher.stop()
         if explain is not None:
             outcome = explain(outcome)
+        if outcome.reason and step.by_name:  # the log's words quoted without the values given by name
+            outcome = _with_reason(outcome, settings.masked(outcome.reason, step.by_name))
         if not outcome.ok:
             code = "" if outcome.exit_code is None else f" (exit code {outcome.exit_code})"
             if outcome.exit_code is not None and outcome.exit_code < 0:
@@ -210,6 +220,7 @@ def _run_steps(
                 "exit_code": outcome.exit_code,
                 "seconds": round(outcome.seconds, 3),
                 "argv": argv,
+                **named,
             }
         )
         with contextlib.suppress(OSError):  # a full disk: `finish` records the steps once it has room

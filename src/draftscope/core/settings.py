@@ -28,8 +28,10 @@ Over ~400 lines on purpose: the point is one place that lists every variable, an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +258,24 @@ def present(names: Iterable[str], environ: Environ | None = None) -> list[str]:
     return sorted({name for name in names if name in env})
 
 
+def masked(text: str | None, names: Iterable[str], environ: Environ | None = None) -> str | None:
+    """`text` with the value of each of `names` that is set replaced by `$NAME`, and a password inside such a value
+    (a proxy's `scheme://user:password@host`) by `$NAME:password`: what a step given them by name printed, fit to
+    quote in a manifest (values of under four characters are left, too short to tell from other text)."""
+    if not text:
+        return text
+    values = []
+    for name, value in named(names, environ).items():
+        values.append((value, f"${name}"))
+        with contextlib.suppress(ValueError):
+            if (password := urllib.parse.urlsplit(value).password) is not None:
+                values.append((password, f"${name}:password"))
+    for value, shown in sorted(values, key=lambda pair: -len(pair[0])):
+        if len(value) >= 4:
+            text = text.replace(value, shown)
+    return text
+
+
 # --- user-facing -------------------------------------------------------------------------------------------------
 
 DRAFTSCOPE_PRESETS = _var(
@@ -476,6 +496,29 @@ HF_TOKEN = _var(
 HUGGING_FACE_HUB_TOKEN = _var(
     "HUGGING_FACE_HUB_TOKEN", "upstream", "the older name of `HF_TOKEN`, passed on the same way"
 )
+HF_ENDPOINT = _var(
+    "HF_ENDPOINT",
+    "upstream",
+    "a hub mirror's address for huggingface_hub: passed by name to the fetch step only (the manifest and the dry run "
+    "name it, never its value)",
+)
+HTTPS_PROXY = _var(
+    "HTTPS_PROXY",
+    "upstream",
+    "a proxy for the fetch step's downloads (`https_proxy`, `HTTP_PROXY`, `http_proxy` likewise): passed by name to "
+    "the fetch step only, never its value recorded (a proxy address may hold a password)",
+)
+NO_PROXY = _var(
+    "NO_PROXY",
+    "upstream",
+    "hosts the fetch step reaches without the proxy (`no_proxy` likewise): passed by name to the fetch step only",
+)
+https_proxy = _var("https_proxy", "upstream", "as `HTTPS_PROXY`: passed by name to the fetch step only")
+HTTP_PROXY = _var(
+    "HTTP_PROXY", "upstream", "as `HTTPS_PROXY`, for http:// addresses (an `HF_ENDPOINT` mirror)"
+)
+http_proxy = _var("http_proxy", "upstream", "as `HTTP_PROXY`: passed by name to the fetch step only")
+no_proxy = _var("no_proxy", "upstream", "as `NO_PROXY`: passed by name to the fetch step only")
 HF_HOME = _var(
     "HF_HOME",
     "upstream",

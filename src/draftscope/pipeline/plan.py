@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from draftscope.core import images
 from draftscope.core.errors import UserError
-from draftscope.core.hub import FETCH_IMAGE, fetch_argv, hub_cache_dir, hub_snapshot
+from draftscope.core.hub import hub_cache_dir, hub_snapshot
 from draftscope.core.presets import ModelPreset
 from draftscope.core.provenance import shell_join
 from draftscope.core.resources import resolve_path
@@ -33,7 +33,8 @@ from draftscope.pipeline.base import (
 )
 from draftscope.pipeline.config import PipelineConfig, Resolved
 from draftscope.runtime import Context
-from draftscope.runtime.step import CACHE_MOUNT, CREDENTIALS, RUN_MOUNT, Mount, Step, limits_for
+from draftscope.runtime.step import CACHE_MOUNT, RUN_MOUNT, Mount, Step, limits_for
+from draftscope.runtime.step import fetch_step as runtime_fetch_step
 
 CHAT_MOUNT = f"{INPUTS_MOUNT}/chat.jsonl"
 PROMPTS_MOUNT = f"{INPUTS_MOUNT}/prompts.json"
@@ -134,16 +135,8 @@ def fetch_step(plan: PipelinePlan) -> Step | None:
     preset, config = plan.preset, plan.config
     if preset.hub is None or config.model_path is not None or preset.hub.revision is None:
         return None
-    argv = tuple(fetch_argv(CACHE_MOUNT, [(preset.hub.repo, preset.hub.revision)]))
-    return Step(
-        name="fetch",
-        image=FETCH_IMAGE,
-        argv=argv,
-        mounts=(Mount(str(hub_cache_dir()), CACHE_MOUNT, read_only=False),),
-        env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
-        network=True,
-        limits=limits_for(config.container, gpus=0, fetch=True),
-        credentials=CREDENTIALS,  # the one step that talks to the hub
+    return runtime_fetch_step(
+        [(preset.hub.repo, preset.hub.revision)], str(hub_cache_dir()), config.container
     )
 
 
@@ -259,6 +252,9 @@ def dry_run_lines(plan: PipelinePlan, runtime) -> list[str]:
         lines.append(f"# [fetch] the pinned target snapshot ({when}); network on, the hub cache writable")
         lines.append(f"#   image {fetch.image}: {images.image_reference(fetch.image)}")
         lines.append(f"#   credentials by name (values never recorded): {', '.join(fetch.credentials)}")
+        lines.append(
+            f"#   proxy and mirror by name (values never recorded): {', '.join(fetch.env_passthrough)}"
+        )
         lines.append(shell_join(runtime.argv(fetch, ctx)))
     total = len(plan.stages)
     for i, sp in enumerate(plan.stages, start=1):

@@ -25,6 +25,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no flock, so a workdir is not locked there
     fcntl = None
 
+from draftscope.core import settings
 from draftscope.core.errors import UserError
 from draftscope.core.hardware import nvidia_gpus_present
 from draftscope.core.jsonio import JsonlAppender, atomic_write_json, read_json
@@ -244,10 +245,17 @@ def _run_locked(
     ctx = Context(run_dir=plan.workdir, run_id=plan.workdir.name)
     fetch = fetch_step(plan)
     if fetch is not None:
-        say(f"fetch: downloading {plan.preset.hub.display()} into the hub cache")  # type: ignore[union-attr]
+        named = settings.present(fetch.by_name)  # credentials, proxy, mirror: names only
+        say(
+            f"fetch: downloading {plan.preset.hub.display()} into the hub cache"  # type: ignore[union-attr]
+            + (f"; given by name: {', '.join(named)}" if named else "")
+        )
         result = runtime.run(fetch, ctx)
         if not result.ok:
-            return [StageOutcome("fetch", result.status, result.reason, result.seconds)]
+            reason = settings.masked(
+                result.reason, fetch.by_name
+            )  # the log's words without the values by name
+            return [StageOutcome("fetch", result.status, reason, result.seconds)]
     # Stage by stage, up to the first that did not complete (as a batch submission's outcomes are read).
     return in_order(plan.stages, lambda sp: run_stage(plan, sp, runtime, ctx, force=force, say=say))
 

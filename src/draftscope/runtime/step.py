@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from draftscope.core import settings
+from draftscope.core.hub import FETCH_IMAGE, fetch_argv
 from draftscope.core.presets import ContainerOptions
 
 # Paths inside the containers.
@@ -18,6 +20,20 @@ CACHE_MOUNT = "/draftscope/cache/huggingface"
 # and only to a step that fetches (`Step.credentials`, network on): a worker that never talks to the hub never
 # holds a token.
 CREDENTIALS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# How the fetch step reaches the hub from behind a proxy or through a mirror: passed to it alone, by name like the
+# credentials (a proxy's address may hold a password), so the dry run and the manifest name them and hold no value.
+HUB_NETWORK = tuple(
+    v.name
+    for v in (
+        settings.HF_ENDPOINT,
+        settings.HTTPS_PROXY,
+        settings.https_proxy,
+        settings.HTTP_PROXY,
+        settings.http_proxy,
+        settings.NO_PROXY,
+        settings.no_proxy,
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -92,3 +108,29 @@ class Step:
             raise ValueError(f"step {self.name}: credentials {leaked} must be given as Step.credentials")
         if self.credentials and not self.network:
             raise ValueError(f"step {self.name}: a step without network is given credentials")
+        proxied = sorted({*self.env_passthrough, *self.env} & set(HUB_NETWORK))
+        if proxied and not self.network:
+            raise ValueError(
+                f"step {self.name}: a step without network is given the hub's network settings {proxied}"
+            )
+
+    @property
+    def by_name(self) -> tuple[str, ...]:
+        """The variables this step receives by name from the host, values never recorded."""
+        return (*self.env_passthrough, *self.credentials)
+
+
+def fetch_step(pins: list[tuple[str, str | None]], cache: str, container: ContainerOptions) -> Step:
+    """The one step that talks to the hub: downloads the pinned snapshots into the host's hub cache (`cache`,
+    writable), network on, the credentials and the proxy or mirror settings by name."""
+    return Step(
+        name="fetch",
+        image=FETCH_IMAGE,
+        argv=tuple(fetch_argv(CACHE_MOUNT, pins)),
+        mounts=(Mount(cache, CACHE_MOUNT, read_only=False),),
+        env=MappingProxyType({"HF_HUB_CACHE": CACHE_MOUNT}),
+        env_passthrough=HUB_NETWORK,
+        network=True,
+        limits=limits_for(container, gpus=0, fetch=True),
+        credentials=CREDENTIALS,
+    )

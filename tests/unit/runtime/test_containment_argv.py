@@ -26,7 +26,15 @@ from draftscope.pipeline.batch import jobs, shards
 from draftscope.pipeline.config import DRAFTS, load_pipeline_config
 from draftscope.runtime import ContainerRuntime, Context
 from draftscope.runtime.container import TMPFS, container_user, hand_over
-from draftscope.runtime.step import CPU_LIMITS, CREDENTIALS, FETCH_LIMITS, GPU_LIMITS, Limits, Step
+from draftscope.runtime.step import (
+    CPU_LIMITS,
+    CREDENTIALS,
+    FETCH_LIMITS,
+    GPU_LIMITS,
+    HUB_NETWORK,
+    Limits,
+    Step,
+)
 
 EXPERIMENTS = experiment_preset_names()
 PRESETS = model_preset_names()
@@ -168,8 +176,13 @@ def test_a_bad_limit_is_refused_by_field(opt, field, kind):
     assert "\n" not in text.strip()
 
 
+PROXY = "http://user:proxy-secret@127.0.0.1:3128"  # a proxy address may hold a password: never shown
+
+
 def test_the_dry_runs_show_the_fetch_step_with_its_credential_names(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_planted")
+    monkeypatch.setenv("HTTPS_PROXY", PROXY)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9/mirror-planted")
     resolved = load_pipeline_config(preset="qwen3-8b")
     plan = planning.build(resolved, registry.select("all"), Path("/w"), "docker")
     lines = planning.dry_run_lines(plan, ContainerRuntime("docker"))
@@ -178,12 +191,20 @@ def test_the_dry_runs_show_the_fetch_step_with_its_credential_names(monkeypatch)
     assert (
         lines[at + 2] == "#   credentials by name (values never recorded): HF_TOKEN, HUGGING_FACE_HUB_TOKEN"
     )
-    fetch = shlex.split(lines[at + 3])
+    assert lines[at + 3] == (
+        "#   proxy and mirror by name (values never recorded): "
+        "HF_ENDPOINT, HTTPS_PROXY, https_proxy, HTTP_PROXY, http_proxy, NO_PROXY, no_proxy"
+    )
+    fetch = shlex.split(lines[at + 4])
     assert fetch[:2] == ["docker", "run"] and "--network" not in fetch and "HF_TOKEN" in fetch
+    # the ones set are passed by name (`--env NAME`): the engine copies the value
+    assert (
+        fetch[fetch.index("HTTPS_PROXY") - 1] == "--env" and fetch[fetch.index("HF_ENDPOINT") - 1] == "--env"
+    )
     first_stage = next(i for i, line in enumerate(lines) if line.startswith("# [1/8]"))
     assert at < first_stage
-    assert all("HF_TOKEN" not in line for line in lines[first_stage:])
-    assert all("hf_planted" not in line for line in lines)
+    assert all("HF_TOKEN" not in line and "PROXY" not in line for line in lines[first_stage:])
+    assert all(s not in line for line in lines for s in ("hf_planted", "proxy-secret", "mirror-planted"))
 
 
 def test_the_benchmark_plan_lists_the_fetch_step_first_with_its_credentials():
@@ -195,7 +216,16 @@ def test_the_benchmark_plan_lists_the_fetch_step_first_with_its_credentials():
     assert "network on" in shown[0]
     assert "    credentials by name (values never recorded): HF_TOKEN, HUGGING_FACE_HUB_TOKEN" in shown
     assert not any("credentials" in line for line in step_lines(bench))
+    assert "    env by name (values never recorded): " + ", ".join(HUB_NETWORK) in shown
+    assert not any(name in line for line in step_lines(bench) for name in HUB_NETWORK)
     assert any("memory 256g (no swap), pids 16384, shm 16g" in line for line in step_lines(bench))
+
+
+@pytest.mark.parametrize("name", HUB_NETWORK)
+def test_the_hub_network_settings_reach_no_step_without_network(name):
+    with pytest.raises(ValueError, match="without network is given the hub's network settings"):
+        Step(name="worker", image="vllm", argv=("python",), env_passthrough=(name,))
+    Step(name="fetch", image="transformers", argv=("python",), env_passthrough=(name,), network=True)
 
 
 def test_root_never_runs_as_root_inside():
