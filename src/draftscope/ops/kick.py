@@ -10,7 +10,6 @@ stay labelled historical. Each check is `invoke claims.reproduce ID`, as a revie
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -20,9 +19,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from draftscope.core import settings
+from draftscope.core import schema, settings
 from draftscope.core.errors import UserError
 from draftscope.core.images import LOCK_ENV, active_lock_path, load_lock, lock_entry, published_reference
+from draftscope.core.jsonio import atomic_write_json
 from draftscope.ops import claims as C
 from draftscope.ops.engines import Engine, start_registry
 
@@ -124,9 +124,23 @@ def kick(root: Path, verdicts: Path, say: Callable[[str], None] = print) -> tupl
     finally:
         if reviewer is not None:
             reviewer.stop()
-    summary = {"started": stamp, "seconds": round(time.monotonic() - started, 1), "claims": rows}
-    (work / "kick.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_summary(work, stamp, time.monotonic() - started, rows)
     return rows, work
+
+
+def write_summary(work: Path, stamp: str, seconds: float, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """kick.json, checked against its schema, written whole or not at all (a kill mid-write leaves no torn file)."""
+    summary = {
+        "schema_version": 1,
+        "kind": "kick-the-tires",
+        "started": stamp,
+        "seconds": round(seconds, 1),
+        "claims": list(rows),
+    }
+    path = work / "kick.json"
+    schema.check(summary, "kick", str(path))
+    atomic_write_json(path, summary)
+    return path
 
 
 def _row(claim: Mapping[str, Any], verdict: Mapping[str, Any] | None, code: int, seconds: float) -> dict:
