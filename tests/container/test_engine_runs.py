@@ -125,6 +125,25 @@ def test_a_failing_worker_reports_its_exit_code_and_reason(kit_image, tmp_path, 
     assert leftovers(run) == ""
 
 
+def test_a_container_over_its_memory_limit_is_reported_out_of_memory(kit_image, tmp_path):
+    # 96m, no swap: the worker's torch and the tiny models do not fit, and the kernel's OOM killer ends it. The run
+    # says so, naming the limit hit and the setting that raises it, in the manifest and on the terminal.
+    run = tmp_path / "R-oom"
+    result = invoke(*TINY, "--opts", "container.memory=96m", "--output", str(run))
+    assert result.returncode == 1, result.stderr
+    m = manifest(run)
+    assert m["status"] == "failed"
+    (step,) = [s for s in m["steps"] if s["name"] == "benchmark"]
+    assert step["exit_code"] == 137, m
+    assert m["reason"].startswith(
+        "out of memory: step 'benchmark' hit its container's memory limit of 96m"
+    ), m
+    assert "--opts container.memory=SIZE" in m["reason"]
+    assert "out of memory" in result.stdout and "96m" in result.stdout, result.stdout[-2000:]
+    assert invoke("validate", str(run)).returncode == 0
+    assert leftovers(run) == ""
+
+
 def test_an_engine_refusal_is_a_failure_not_a_success(kit_image, tmp_path):
     # GPU flags on this CPU-only, unprivileged engine: the container never starts. Its exit code would read 0;
     # the run must say failed, with the engine's message.

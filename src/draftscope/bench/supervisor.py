@@ -332,6 +332,10 @@ def _reason(plan: Plan, outcome: Outcome) -> str | None:
     engine process reports it early in the log, before the lines the generic reason quotes)."""
     if outcome.status != "failed" or outcome.log is None or not outcome.log.exists():
         return outcome.reason
+    if (outcome.reason or "").startswith(
+        "out of memory"
+    ):  # the engine named it, with the limit (runtime.base)
+        return outcome.reason
     markers = ("out of memory", "OutOfMemoryError", *plan.backend.oom_markers)
     text = outcome.log.read_text(encoding="utf-8", errors="replace")
     if any(m in text for m in markers):

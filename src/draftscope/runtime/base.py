@@ -342,14 +342,40 @@ def outcome_from_exit(
     log: Path | None,
     container: str | None,
     what: str | None = None,
+    *,
+    oom_killed: bool = False,
 ) -> Outcome:
+    """How a step that exited ended; `oom_killed`: the engine says the kernel's OOM killer ended its container."""
     if code == 0:
         return Outcome(step.name, "completed", 0, seconds, None, log, container)
+    if container is not None and what is None and (oom_killed or code == OOM_EXIT):
+        return Outcome(
+            step.name, "failed", code, seconds, out_of_memory(step, code, oom_killed), log, container
+        )
     detail = tail(log)
     who = f"{what} for step '{step.name}'" if what else f"step '{step.name}'"
     killed = f" (killed by {_signal_name(code)})" if code is not None and code < 0 else ""
     reason = f"{who} exited with code {code}{killed}" + (f": {detail}" if detail else "")
     return Outcome(step.name, "failed", code, seconds, reason, log, container)
+
+
+# A container's process killed by SIGKILL exits 128 + 9: the kernel's OOM killer at the container's memory limit
+# sends it (the engine's `State.OOMKilled` says so when it saw it); nothing else of the kit's does without saying.
+OOM_EXIT = 137
+
+
+def out_of_memory(step: Step, code: int | None, oom_killed: bool) -> str:
+    """The reason of a container ended for memory: the limit that was hit and the setting that raises it."""
+    how = (
+        "the kernel's OOM killer ended it"
+        if oom_killed
+        else "it was killed by SIGKILL, as the OOM killer does"
+    )
+    return (
+        f"out of memory: step '{step.name}' hit its container's memory limit of {step.limits.memory} "
+        f"(no swap; {how}, exit code {code}); fix: raise the limit with --opts container.memory=SIZE "
+        "(the experiment's or pipeline config's container.memory, e.g. 32g), or make the step smaller"
+    )
 
 
 def _signal_name(code: int) -> str:

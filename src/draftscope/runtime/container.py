@@ -280,7 +280,8 @@ class ContainerRuntime:
                 # The container never ran (the engine refused to start it): its exit code would read 0.
                 client = proc.returncode or 125
                 return outcome_from_exit(step, client, seconds, log, name, what="the container engine")
-            return outcome_from_exit(step, code, seconds, log, name)
+            oom = code not in (0, None) and self.oom_killed(name)
+            return outcome_from_exit(step, code, seconds, log, name, oom_killed=oom)
         finally:
             self.remove(name)
 
@@ -324,6 +325,11 @@ class ContainerRuntime:
             return status, int(code)
         except ValueError:
             return status, None
+
+    def oom_killed(self, name: str) -> bool:
+        """Whether the engine recorded the container as ended by the kernel's OOM killer (`State.OOMKilled`)."""
+        result = self._quiet("inspect", "--format", "{{.State.OOMKilled}}", name)
+        return result.returncode == 0 and result.stdout.strip().lower() == "true"
 
     def image_facts(self, image: str) -> dict[str, Any]:
         """The image's reference, Id and RepoDigests (locally built images have none), for the manifest."""
@@ -385,6 +391,11 @@ class RecordedImage(ContainerRuntime):
             "id": facts.get("id"),
             "repo_digests": list(facts.get("repo_digests") or []),
         }
+
+    def oom_killed(self, name: str) -> bool:
+        """Whether the engine recorded the container as ended by the kernel's OOM killer (`State.OOMKilled`)."""
+        result = self._quiet("inspect", "--format", "{{.State.OOMKilled}}", name)
+        return result.returncode == 0 and result.stdout.strip().lower() == "true"
 
     def image_facts(self, image: str) -> dict[str, Any]:
         return dict(self.facts)
