@@ -169,10 +169,13 @@ test-vllm: setup train-env
 	$(TRAIN_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
 # The training stages with the real speculators 0.9.0, in the CPU engine environment (it caps transformers at 5.19):
-# pretokenize → prepare → hsextract → train → convert for each draft type (in .venv these tests skip: no speculators).
+# pretokenize → prepare → hsextract → train → convert for each draft type (in .venv these tests skip: no speculators),
+# and SGLang's layer rules read from a converted config with the transformers SGLang loads it with (5.19.0 here).
 .PHONY: test-speculators
 test-speculators: setup train-env
-	$(TRAIN_VENV)/bin/python -m pytest tests/integration/test_pipeline_speculators.py $(PYTEST_ARGS)
+	$(TRAIN_VENV)/bin/python -m pytest tests/integration/test_pipeline_speculators.py \
+		tests/unit/pipeline/test_pipeline_convert_semantics.py::test_sglang_layer_rules_read_from_the_converted_config \
+		$(PYTEST_ARGS)
 
 # Every tier CI runs, cheapest first (CI runs them as .ci/run; not test-sglang-image).
 test-all: test test-slow test-contract test-container test-speculators test-vllm test-reliability test-slurm

@@ -160,6 +160,9 @@ def test_a_mask_token_sglang_would_refuse_is_refused_now():
 
 
 def test_sglang_layer_rules_read_from_the_converted_config(tmp_path):
+    """Where transformers is not the version SGLang loads configs with (the development .venv), the probe refuses
+    to guess, and that refusal is what is checked; where it is (.venv-train, the train image), the rules are read.
+    `make test-speculators` runs this test in .venv-train, so CI checks both branches and skips neither."""
     probe = pytest.importorskip("draftscope.pipeline.stages.convert.probe")
     transformers = pytest.importorskip("transformers")
     written = converted(tmp_path, "dflash2")
@@ -167,9 +170,7 @@ def test_sglang_layer_rules_read_from_the_converted_config(tmp_path):
         with pytest.raises(UserError) as info:
             probe.sglang_layers(written)
         assert info.value.field == "transformers" and "train image" in info.value.render()
-        pytest.skip(
-            f"SGLang loads configs with transformers {probe.SGLANG_TRANSFORMERS}, not {transformers.__version__}"
-        )
+        return
     assert probe.sglang_layers(written) == [probe.LayerRule("sliding_attention", False, 2047)] * 2
     without = {k: v for k, v in written.items() if k != "is_causal"}
     assert {r.causal for r in probe.sglang_layers(without)} == {
