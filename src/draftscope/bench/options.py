@@ -48,8 +48,8 @@ BENCHMARK = OptionTable.of(
     Option("int4_dflash", "vLLM: the INT4 target with the DFlash2 draft", kind=bool, field="int4_dflash"),
     Option(
         "experimental_prefix",
-        "vLLM: the experimental prefix-conditioned head (INT4 + DFlash2 on a GPU; the tiny CPU engine loads it and "
-        "records why it stays off)",
+        "vLLM: the experimental prefix-conditioned head (INT4 + DFlash2 on a GPU; in the tiny CPU engine it runs "
+        "its CPU path in vLLM's V1 runner and records its status)",
         kind=bool,
         field="experimental_prefix",
     ),

@@ -18,6 +18,11 @@ Containment (every step; tests/container/test_containment.py shows each on the r
 - never uid 0 inside: invoked as root, a step runs as the images' own user (uid 10001), and its writable mounts
   are handed to that user first (`hand_over`); `--cap-drop ALL` and `no-new-privileges` always.
 - credentials (`Step.credentials`) by name, to the step that fetches only.
+- a container over `--memory` is ended by the kernel's OOM killer: exit code 137, `State.OOMKilled` true (the step's
+  reason says out of memory, with the limit: runtime/base.py `out_of_memory`).
+
+Over ~400 lines on purpose: the facts above are one engine's, and each is used by the argv, the run or the state
+reading beside it; split, a change to one would have to be checked against facts in another file.
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ HOME_ENV = {
 # matters goes to the run directory (or, for the fetch step, the hub cache). podman adds tmpfs at /var/tmp and /run
 # of its own with `--read-only`; docker does not, and nothing the kit runs needs them.
 TMPFS = ("/tmp:rw,exec,nosuid,nodev,mode=1777",)
+STATE_FORMAT = (
+    "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}"  # `inspect`: how a container ended
+)
 
 
 def container_user(user: tuple[int, int]) -> tuple[int, int]:
@@ -273,14 +281,13 @@ class ContainerRuntime:
                     finished=lambda: self.state(name)[0] in ("exited", "stopped"),
                 )
             seconds = time.monotonic() - started
-            status, code = self.settled(name)
+            status, code, oom = self.settled(name)
             if state != "exited":
                 return Outcome(step.name, state, code, seconds, reason, log, name)
             if status != "exited":
                 # The container never ran (the engine refused to start it): its exit code would read 0.
                 client = proc.returncode or 125
                 return outcome_from_exit(step, client, seconds, log, name, what="the container engine")
-            oom = code not in (0, None) and self.oom_killed(name)
             return outcome_from_exit(step, code, seconds, log, name, oom_killed=oom)
         finally:
             self.remove(name)
@@ -298,14 +305,14 @@ class ContainerRuntime:
                 fix="install it, or use --runtime local for a CPU run",
             ) from None
 
-    def settled(self, name: str, wait: float = 10.0) -> tuple[str | None, int | None]:
+    def settled(self, name: str, wait: float = 10.0) -> tuple[str | None, int | None, bool]:
         """Final state and exit code: a client can return before podman's cleanup records the exit, so a container
         shown running or stopping is asked again for up to `wait` s; podman's "stopped" is "exited"."""
         deadline = time.monotonic() + wait
         while True:
-            status, code = self.state(name)
+            status, code, oom = self.state(name)
             if status not in ("running", "stopping", "removing") or time.monotonic() >= deadline:
-                return ("exited" if status == "stopped" else status), code
+                return ("exited" if status == "stopped" else status), code, oom
             time.sleep(0.5)
 
     def stop(self, name: str, grace: float) -> None:
@@ -315,21 +322,12 @@ class ContainerRuntime:
     def remove(self, name: str) -> None:
         self._quiet("rm", "--force", name)
 
-    def state(self, name: str) -> tuple[str | None, int | None]:
-        """(status, exit code) of the named container: ('exited', N) once it ran; (None, None) if it is gone."""
-        result = self._quiet("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name)
-        if result.returncode != 0:
-            return None, None
-        status, _, code = result.stdout.strip().partition(" ")
-        try:
-            return status, int(code)
-        except ValueError:
-            return status, None
-
-    def oom_killed(self, name: str) -> bool:
-        """Whether the engine recorded the container as ended by the kernel's OOM killer (`State.OOMKilled`)."""
-        result = self._quiet("inspect", "--format", "{{.State.OOMKilled}}", name)
-        return result.returncode == 0 and result.stdout.strip().lower() == "true"
+    def state(self, name: str) -> tuple[str | None, int | None, bool]:
+        """(status, exit code, whether the engine saw the kernel's OOM killer end it): ('exited', N, …) once it ran;
+        (None, None, False) if it is gone."""
+        result = self._quiet("inspect", "--format", STATE_FORMAT, name)
+        status, code, oom = [*(result.stdout.split() if result.returncode == 0 else []), None, None, None][:3]
+        return status, int(code) if code and code.lstrip("-").isdigit() else None, oom == "true"
 
     def image_facts(self, image: str) -> dict[str, Any]:
         """The image's reference, Id and RepoDigests (locally built images have none), for the manifest."""

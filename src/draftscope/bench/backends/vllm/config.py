@@ -115,8 +115,8 @@ def _check_cpu(config: ExperimentConfig, kit: bool) -> None:
             value=config.draft,
             fix="use --draft tiny, or no --draft",
         )
-    # --experimental-prefix is allowed here: the plugin loads in the CPU engine, finds its prerequisites missing
-    # and records why it stayed off (docs/use/benchmarks.md).
+    # --experimental-prefix is allowed here: the plugin runs the certified head's CPU path in the CPU engine's V1
+    # runner (no CUDA graph) and records its status (docs/use/benchmarks.md).
 
 
 def is_kit_model(config: ExperimentConfig) -> bool:
@@ -142,7 +142,9 @@ def cpu_note(config: ExperimentConfig) -> str:
         else "no draft"
     )
     prefix = (
-        "; the prefix-head plugin loads and records why it stays off" if config.experimental_prefix else ""
+        "; the prefix-head plugin runs its CPU path in the V1 runner and records its status"
+        if config.experimental_prefix
+        else ""
     )
     return f"{CPU_ENGINE}: the tiny target staged into a local folder (SHA-256 checked), {draft}{prefix}"
 
