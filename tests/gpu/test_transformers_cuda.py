@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from support import run_invoke
+from support import run_invoke, tiny_benchmark
 
 torch = pytest.importorskip("torch")
 
@@ -38,20 +38,7 @@ ARGS = (
 
 
 def _cuda(*extra: str) -> list[str]:
-    return [
-        *(
-            "benchmark",
-            "--backend",
-            "transformers",
-            "--preset",
-            "tiny",
-            "--device",
-            "cuda",
-            "--runtime",
-            "local",
-        ),
-        *("--prompts", "examples/prompts.json", *ARGS, *extra),
-    ]
+    return tiny_benchmark("local", *ARGS, *extra, device="cuda")
 
 
 def _records(run):

@@ -13,26 +13,14 @@ import pytest
 from PIL import Image
 
 from draftscope.core import schema
-from draftscope.core.errors import UserError
 
 from browser import compressed_ratio, dump_dom, need_browser, png_facts, screenshot
-from support import ROOT, run_invoke, tiny_benchmark
+from support import ROOT, needs_tiny_files, run_invoke, tiny_benchmark
 
-
-def _missing_assets() -> list[str]:
-    try:
-        from draftscope import tiny
-
-        return tiny.check_files()
-    except UserError as exc:
-        return [exc.render()]
-
-
-MISSING = _missing_assets()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.integration,
-    pytest.mark.skipif(bool(MISSING), reason=f"tiny model files not in place: {'; '.join(MISSING)[:200]}"),
+    needs_tiny_files(),
 ]
 
 TINY = tiny_benchmark("local", "--max-new-tokens", "16")

@@ -17,26 +17,14 @@ import json
 import pytest
 
 from draftscope.bench.worker import FAILPOINT
-from draftscope.core.errors import UserError
 from draftscope.core.validate import validate_run
 
-from support import run_invoke, tiny_benchmark
+from support import needs_tiny_files, run_invoke, tiny_benchmark
 
-
-def _missing_assets() -> list[str]:
-    try:
-        from draftscope import tiny
-
-        return tiny.check_files()
-    except UserError as exc:
-        return [exc.render()]
-
-
-MISSING = _missing_assets()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.integration,
-    pytest.mark.skipif(bool(MISSING), reason=f"tiny model files not in place: {'; '.join(MISSING)[:200]}"),
+    needs_tiny_files(),
 ]
 
 POSITION = 5  # well inside the 12 tokens each generation is held to (--fixed-tokens)
