@@ -205,8 +205,6 @@ def _run_steps(
             watcher.stop()
         if explain is not None:
             outcome = explain(outcome)
-        if outcome.reason and step.by_name:  # the log's words quoted without the values given by name
-            outcome = _with_reason(outcome, settings.masked(outcome.reason, step.by_name))
         if not outcome.ok:
             code = "" if outcome.exit_code is None else f" (exit code {outcome.exit_code})"
             if outcome.exit_code is not None and outcome.exit_code < 0:

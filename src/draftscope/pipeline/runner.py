@@ -252,10 +252,7 @@ def _run_locked(
         )
         result = runtime.run(fetch, ctx)
         if not result.ok:
-            reason = settings.masked(
-                result.reason, fetch.by_name
-            )  # the log's words without the values by name
-            return [StageOutcome("fetch", result.status, reason, result.seconds)]
+            return [StageOutcome("fetch", result.status, result.reason, result.seconds)]
     # Stage by stage, up to the first that did not complete (as a batch submission's outcomes are read).
     return in_order(plan.stages, lambda sp: run_stage(plan, sp, runtime, ctx, force=force, say=say))
 

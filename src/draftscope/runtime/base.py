@@ -352,7 +352,7 @@ def outcome_from_exit(
         return Outcome(
             step.name, "failed", code, seconds, out_of_memory(step, code, oom_killed), log, container
         )
-    detail = tail(log)
+    detail = settings.masked(tail(log), step.by_name)  # the log's words, the values given by name masked
     who = f"{what} for step '{step.name}'" if what else f"step '{step.name}'"
     killed = f" (killed by {_signal_name(code)})" if code is not None and code < 0 else ""
     reason = f"{who} exited with code {code}{killed}" + (f": {detail}" if detail else "")

@@ -390,11 +390,6 @@ class RecordedImage(ContainerRuntime):
             "repo_digests": list(facts.get("repo_digests") or []),
         }
 
-    def oom_killed(self, name: str) -> bool:
-        """Whether the engine recorded the container as ended by the kernel's OOM killer (`State.OOMKilled`)."""
-        result = self._quiet("inspect", "--format", "{{.State.OOMKilled}}", name)
-        return result.returncode == 0 and result.stdout.strip().lower() == "true"
-
     def image_facts(self, image: str) -> dict[str, Any]:
         return dict(self.facts)
 
