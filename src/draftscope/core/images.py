@@ -18,7 +18,9 @@ from draftscope.core.resources import repo_root as _checkout
 
 # vllm-cpu is the CPU twin of vllm and train (vLLM's CPU backend and speculators on a CPU torch, on a local base):
 # the image the real vLLM engine runs in on machines without a GPU (tests, CI). It is not a GPU image.
-IMAGES = ("transformers", "vllm", "train", "sglang", "vllm-cpu")
+# sglang-cpu is the CPU twin of sglang: SGLang 0.5.18 on its CPU engine, its kernel built from the release's sources
+# (a build input checked by SHA-256, `kernel_sources` in the lock). It needs a CPU with AMX to serve a draft.
+IMAGES = ("transformers", "vllm", "train", "sglang", "vllm-cpu", "sglang-cpu")
 
 LOCK_FILE = "images.lock.json"
 # A lock file other than the checkout's: a reviewer's copy that records where the images were published

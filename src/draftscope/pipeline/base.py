@@ -153,6 +153,11 @@ class Stage:
     # The tiny preset's path starts none (a loopback server, a Transformers extractor), so it runs anywhere.
     engine: str | None = None
     cpu_refusal: str | None = None  # why it cannot run with `device: cpu`, when it cannot
+    # The image its step runs in with `device: cpu`, when not `image` (serve, bench: sglang-cpu, SGLang's CPU engine).
+    cpu_image: str | None = None
+    # Refusals of a `device: cpu` run that depend on the run's settings or the host (a UserError with its fix),
+    # made in the preflight, before any stage starts.
+    cpu_check: Callable[[StageContext], None] = lambda ctx: None
     # Reads what it takes from outside the workdir before anything is written, so a malformed file leaves no state.
     check_inputs: Callable[[StageContext], None] = lambda ctx: None
     # Its live progress read from its log (a `core.progress` probe, made when the stage starts); without one the

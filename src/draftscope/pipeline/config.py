@@ -143,6 +143,11 @@ class ServeOptions:
     context_length: int | None = None
     max_running_requests: int = 8
     startup_timeout_s: float = 1800.0
+    # What SGLang serves as the draft: the draft convert wrote (DFLASH, DSPARK), or the preset's draft model
+    # (STANDALONE, drafting `draft_steps` tokens a step). SGLang's CPU engine refuses DFLASH, so the CPU path serves
+    # `model` (docs/use/pipeline.md).
+    draft: Literal["converted", "model"] = "converted"
+    draft_steps: int = 4
 
 
 @dataclass(frozen=True)

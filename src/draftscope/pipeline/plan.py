@@ -113,7 +113,7 @@ def stage_step(stage: Stage, ctx: StageContext) -> Step:
     gpu = stage.uses_gpu and not ctx.cpu
     return Step(
         name=stage.name,
-        image=stage.image,
+        image=stage.cpu_image if ctx.cpu and stage.cpu_image else stage.image,
         argv=tuple(stage.argv(ctx)),
         mounts=ctx.mounts,
         env=MappingProxyType(env),

@@ -93,6 +93,8 @@ def preflight(plan: PipelinePlan, runtime: Runtime, *, check_gpus: bool = True) 
             raise UserError(
                 reason, field="--stage", value=sp.stage.name, fix="run the other stages, or --dry-run"
             )
+        if ctx.cpu:
+            sp.stage.cpu_check(ctx)
         if any(a.name == "chat" for a in sp.inputs) and "chat" not in ctx.inputs:
             raise UserError(
                 f"stage {sp.stage.name} reads chat rows and none are configured",

@@ -32,8 +32,9 @@ from draftscope.pipeline import servers
 from draftscope.pipeline.base import Command
 
 SCHEMA_VERSION = 1
-ALGORITHMS = ("DFLASH", "DSPARK")
-DRAFTS = ("dflash", "dflash2", "dspark")
+# STANDALONE: a draft model (serve.draft=model), what SGLang's CPU engine serves.
+ALGORITHMS = ("DFLASH", "DSPARK", "STANDALONE")
+DRAFTS = ("dflash", "dflash2", "dspark", "model")
 CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATH = "/health"
 REQUEST_TIMEOUT_S = 600.0  # one greedy completion of max_new_tokens on a large target under load
@@ -67,7 +68,8 @@ def common_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def chat_body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-    """A greedy, non-streaming chat completion asking for SGLang's meta_info (return_meta_info needs stream off)."""
+    """A greedy, non-streaming chat completion asking for SGLang's meta_info (return_meta_info needs stream off) and
+    the generated token ids."""
     return {
         "model": "default",  # SGLang's DEFAULT_MODEL_NAME: the served model, whatever its path
         "messages": messages,
@@ -75,7 +77,23 @@ def chat_body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]
         "max_completion_tokens": max_tokens,
         "stream": False,
         "return_meta_info": True,
+        # choices[0].response_token_ids: the generated ids, compared with the target's greedy output (0.5.18 and
+        # 0.5.23: ChatCompletionRequest.return_token_ids, serving_chat.py).
+        "return_token_ids": True,
     }
+
+
+def response_token_ids(reply: dict[str, Any], *, what: str) -> list[int] | None:
+    """`choices[0].response_token_ids` when the server sent them (a list of token ids), else None; anything else
+    there is refused: it is the server's data, and a wrong type would pass for tokens."""
+    choices = reply.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    ids = first.get("response_token_ids")
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+        raise UserError(f"{what}: choices[0].response_token_ids is not a list of token ids: {str(ids)[:80]}")
+    return ids
 
 
 def post_with_retries(group: servers.ServerGroup, index: int, body: dict[str, Any], *, what: str) -> dict:

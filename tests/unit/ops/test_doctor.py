@@ -409,7 +409,7 @@ def test_unpinned_bases_are_flagged_not_hidden():
     assert [v.split(" (run ")[0] for v in report["verdict"] if v.startswith("not pinned: ")] == expected
     # The fix offered fits the cause: a registry base is resolved by images.lock; a local one has nothing to resolve.
     local = {v.split(":")[1].strip(): v for v in report["verdict"] if "built locally" in v}
-    assert sorted(local) == ["sglang", "train", "vllm", "vllm-cpu"]
+    assert sorted(local) == ["sglang", "sglang-cpu", "train", "vllm", "vllm-cpu"]
     for name in ("sglang", "vllm", "vllm-cpu"):
         assert local[name].startswith(
             f"not pinned: {name}: base localhost/debian-py:ci is built locally and has no registry digest ("

@@ -242,7 +242,8 @@ def test_the_wheel_install_script_checks_the_hash_then_installs_by_it():
 @pytest.mark.parametrize("name", I.IMAGES)
 def test_dockerfiles_share_the_conventions(name):
     text = (IMAGES_DIR / name / "Dockerfile").read_text()
-    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.MULTILINE)
+    # The environment stands on the pinned base (sglang-cpu: its first stage, which the kernel and the image build on).
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}( AS env)?$", text, re.MULTILINE)
     assert "--require-hashes -r /tmp/image/requirements.lock" in text
     # The kit: the wheel from dist/, checked and installed by the hash images.lock.json records, never the tree.
     assert "--mount=type=bind,source=dist,target=/tmp/dist" in text
@@ -409,6 +410,7 @@ def test_build_argv_vllm():
         "SOURCE_DATE_EPOCH": "1700000000",
         "KIT_WHEEL": f"draftscope-{__version__}-py3-none-any.whl",
         "KIT_WHEEL_SHA256": LOCK["images"]["vllm"]["wheel_sha256"],
+        "LOCK_SHA256": LOCK["images"]["vllm"]["lock_sha256"],
         "CUDA_ARCH": "8.0;9.0",
     }
     assert _pairs(argv, "--label") == {
@@ -767,3 +769,97 @@ def test_make_n_image_vllm_shows_the_build():
     assert f"BASE_IMAGE={base_reference(entry)}" in argv and "CUDA_ARCH=9.0" in argv
     assert entry["base"]["digest"] or entry["base"]["unpinned_because"]
     assert any(a.startswith("org.opencontainers.image.revision=") for a in argv)
+
+
+# --- sglang-cpu: the kernel built from sources given as a file -------------------------------------------------
+
+SOURCES = LOCK["images"]["sglang-cpu"]["kernel_sources"]
+
+
+def test_sglang_cpu_records_its_kernel_sources_and_one_release():
+    entry = LOCK["images"]["sglang-cpu"]
+    assert entry["versions"]["sglang"] == "0.5.18"
+    # The kernel and sglang from one tag: a kernel of another release breaks the attention kernels' arity.
+    assert SOURCES["tag"] == "v" + entry["versions"]["sglang"]
+    assert SOURCES["file"] == f"sglang-{SOURCES['tag']}-cpu-kernel-src.tar.gz"
+    pins = I.pinned_versions((IMAGES_DIR / "sglang-cpu" / "requirements.lock").read_text())
+    assert pins["sglang"] == "0.5.18" and pins["torch"] == entry["versions"]["torch"]
+    # None of the GPU kernels the sglang wheel asks for: the CPU kernel is built from the sources instead.
+    for package in (
+        "flashinfer-python",
+        "sglang-kernel",
+        "sgl-deep-gemm",
+        "flash-attn-4",
+        "torch-memory-saver",
+    ):
+        assert package not in pins, package
+
+
+def test_sglang_cpu_pip_check_filter_excuses_only_what_overrides_drop():
+    """The Dockerfile builds its excuse list from overrides.txt; a requirement outside it still fails the build."""
+    text = (IMAGES_DIR / "sglang-cpu" / "Dockerfile").read_text()
+    assert "grep -Ev '^(#|$)' /tmp/image/overrides.txt" in text
+    overrides = (IMAGES_DIR / "sglang-cpu" / "overrides.txt").read_text()
+    dropped = re.findall(r"^([a-z0-9-]+); python_version < \"0\"$", overrides, re.MULTILINE)
+    lines = [line for line in overrides.splitlines() if line and not line.startswith("#")]
+    assert len(dropped) == len(lines)  # every override drops, none pins
+    pins = I.pinned_versions((IMAGES_DIR / "sglang-cpu" / "requirements.lock").read_text())
+    assert not set(dropped) & set(pins)
+    # What another package of the lock needs stays (xgrammar imports apache-tvm-ffi).
+    assert "apache-tvm-ffi" in pins and "apache-tvm-ffi" not in dropped
+
+
+def test_build_argv_sglang_cpu_passes_the_sources_by_name_and_hash():
+    request = _request(kernel_sources=SOURCES["file"], kernel_sources_sha256=SOURCES["sha256"])
+    args = _pairs(I.build_argv("sglang-cpu", request, LOCK), "--build-arg")
+    assert (args["KERNEL_SOURCES"], args["KERNEL_SOURCES_SHA256"]) == (SOURCES["file"], SOURCES["sha256"])
+    assert args["BASE_IMAGE"] == "localhost/debian-py:ci"
+    with pytest.raises(UserError, match="none were given") as raised:
+        I.build_argv("sglang-cpu", _request(), LOCK)
+    assert "SGLANG_CPU_SOURCES=FILE" in raised.value.render()
+    with pytest.raises(UserError, match="records " + SOURCES["sha256"]):
+        I.build_argv("sglang-cpu", _request(kernel_sources="x.tar.gz", kernel_sources_sha256="e" * 64), LOCK)
+    with pytest.raises(UserError, match="only the sglang-cpu image builds a kernel"):
+        I.build_argv("sglang", _request(kernel_sources="x.tar.gz", kernel_sources_sha256="e" * 64), LOCK)
+
+
+def test_stage_kernel_sources_checks_the_hash_before_placing_the_file(tmp_path):
+    entry = {"kernel_sources": {**SOURCES, "sha256": hashlib.sha256(b"sources").hexdigest()}}
+    given = tmp_path / "given.tar.gz"
+    given.write_bytes(b"tampered")
+    with pytest.raises(UserError, match="records " + entry["kernel_sources"]["sha256"]) as raised:
+        I.stage_kernel_sources(tmp_path, str(given), entry)
+    assert "commit 71de97b264b04dcd514cf904003028aefe9775c8" in raised.value.render()
+    assert not (tmp_path / I.SOURCES_DIR / SOURCES["file"]).exists()
+    with pytest.raises(UserError, match="no such file"):
+        I.stage_kernel_sources(tmp_path, str(tmp_path / "missing.tar.gz"), entry)
+    given.write_bytes(b"sources")
+    placed = tmp_path / I.SOURCES_DIR / SOURCES["file"]
+    assert I.stage_kernel_sources(tmp_path, str(given), entry) == (
+        SOURCES["file"],
+        entry["kernel_sources"]["sha256"],
+    )
+    assert placed.read_bytes() == b"sources"
+    assert sorted(p.name for p in placed.parent.iterdir()) == [SOURCES["file"]]  # no partial copy left
+    # A stale copy under the lock's name is replaced by the checked one, never used.
+    placed.write_bytes(b"stale")
+    I.stage_kernel_sources(tmp_path, str(given), entry)
+    assert placed.read_bytes() == b"sources"
+
+
+def test_build_task_sglang_cpu_stages_the_sources(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    staged = []
+
+    def stage(root, given, entry):
+        staged.append(given)
+        return SOURCES["file"], SOURCES["sha256"]
+
+    monkeypatch.setattr(I, "stage_kernel_sources", stage)
+    _invoke("images.build", "sglang-cpu", "--kernel-sources", str(tmp_path / "s.tar.gz"), "--dry-run")
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    argv = shlex.split(line)
+    assert staged == [str(tmp_path / "s.tar.gz")]
+    assert (
+        f"KERNEL_SOURCES={SOURCES['file']}" in argv and f"KERNEL_SOURCES_SHA256={SOURCES['sha256']}" in argv
+    )

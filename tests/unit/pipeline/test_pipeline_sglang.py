@@ -435,3 +435,34 @@ def no_stray_fakes(tmp_path):
             if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
                 pytest.fail(f"a fake server (pid {pid}) outlived its test")
+
+
+# --- STANDALONE (a draft model) and the generated token ids -------------------------------------------------------
+
+
+def test_standalone_drafts_the_window_less_the_targets_token_and_rows_keep_the_token_ids(tmp_path):
+    commands = write_commands(tmp_path, [fake(tmp_path, "server-0", "--accept-lengths", "3,2,4")])
+    args = bench_args(tmp_path, commands)
+    args.algorithm, args.draft = "STANDALONE", "model"
+    B.main(args)
+    result = valid(read_json(tmp_path / "run" / "bench" / "bench.json"), "stage-bench")
+    assert result["algorithm"] == "STANDALONE" and result["draft"] == "model"
+    # --speculative-num-draft-tokens 4 = 3 drafted + the target's own token, as DFLASH's block.
+    assert result["draft_tokens_per_step"] == 3
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "bench" / "requests.jsonl").read_text().splitlines()
+    ]
+    assert [r["token_ids"] for r in rows] == [list(range(MAX_TOKENS))] * len(PROMPTS)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[1, -2], [1, "2"], "12", {"0": 1}, [1.0], [True]],
+    ids=["negative", "text", "string", "map", "float", "bool"],
+)
+def test_token_ids_that_are_not_token_ids_are_refused(ids):
+    reply = {"choices": [{"response_token_ids": ids}]}
+    with pytest.raises(UserError, match="response_token_ids is not a list of token ids"):
+        sglang.response_token_ids(reply, what="reply")
+    assert sglang.response_token_ids({"choices": [{}]}, what="reply") is None
+    assert sglang.response_token_ids({"choices": [{"response_token_ids": [0, 7]}]}, what="r") == [0, 7]

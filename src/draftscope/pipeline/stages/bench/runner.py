@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--draft-tokens",
         type=int,
         default=None,
-        help="DFLASH: the block size B; DSPARK: gamma (drafted tokens per step)",
+        help="DFLASH: the block size B; DSPARK: gamma (drafted tokens per step); STANDALONE: the verify window "
+        "(drafted tokens + 1)",
     )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
@@ -209,6 +210,7 @@ def _one_request(group: servers.ServerGroup, job: _Job, max_new_tokens: int) -> 
         )
     verify = meta.get("spec_verify_ct")
     accept = meta.get("spec_accept_length")
+    ids = sglang.response_token_ids(reply, what=f"{name}'s reply to prompt '{job.prompt_id}'")
     return {
         "seq": job.seq,
         "prompt_id": job.prompt_id,
@@ -222,6 +224,7 @@ def _one_request(group: servers.ServerGroup, job: _Job, max_new_tokens: int) -> 
         "spec_accept_rate": meta.get("spec_accept_rate"),
         "finish_reason": meta.get("finish_reason"),
         "seconds": round(time.monotonic() - started, 4),
+        "token_ids": ids,
     }
 
 
@@ -263,7 +266,8 @@ def _drafted_per_step(algorithm: str, draft_tokens: int | None, commands: Sequen
         draft_tokens = int(value) if value is not None and value.isdigit() else None
     if draft_tokens is None:
         return None
-    drafted = draft_tokens - 1 if algorithm == "DFLASH" else draft_tokens
+    # DFLASH's window and STANDALONE's --speculative-num-draft-tokens both count the target's own token.
+    drafted = draft_tokens - 1 if algorithm in ("DFLASH", "STANDALONE") else draft_tokens
     if drafted < 1:
         raise UserError(
             f"{algorithm} with --draft-tokens {draft_tokens} drafts no token per step",

@@ -9,11 +9,22 @@ mask size, no GPU is shared, every GPU exists, ports are distinct and free.
 
 The stage starts the instances, waits for each to report healthy, sends one greedy request each, writes
 `serve/plan.json` (schema `stage-serve`) and stops them (`--hold` keeps them up until interrupted). The bench stage
-starts the same instances itself. SGLang needs an NVIDIA GPU: there is no CPU path.
+starts the same instances itself.
+
+`serve.draft=model` serves the preset's draft model instead (the tiny preset's), under `STANDALONE` with
+`serve.draft_steps` drafted tokens a step. On a CPU (`device: cpu`) the stage runs SGLang's CPU engine in the
+sglang-cpu image (`pipeline/sglang_cpu.py`: `--device cpu`, one instance, no GPU). SGLang refuses DFLASH there and
+serves a draft only on a CPU with AMX, so a CPU run serves `serve.draft=model`, and both refusals are made in the
+preflight, before any stage starts, each naming its fix.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import PurePosixPath
+
+from draftscope.core.errors import UserError
+from draftscope.pipeline import sglang_cpu
 from draftscope.pipeline.base import (
     Artifact,
     Command,
@@ -24,33 +35,104 @@ from draftscope.pipeline.base import (
     model_artifacts,
     resolve_instances,
     served_context_length,
+    tiny_assets,
 )
 from draftscope.pipeline.stages.convert.checkpoint import dspark_gamma
 from draftscope.pipeline.stages.serve import runner
 
 NAME = "serve"
-# SGLang has no CPU build; the stage's client side is tested on a CPU against a loopback fake.
-NO_CPU = "needs SGLang on an NVIDIA GPU; there is no CPU path (its client is tested on a CPU)"
+CPU_IMAGE = "sglang-cpu"
 
 
 def instances(ctx: StageContext):
     return resolve_instances(ctx, ctx.config.serve.instances, ctx.config.serve.base_port, "serve")
 
 
+def serves_model(ctx: StageContext) -> bool:
+    """The preset's draft model (STANDALONE), not the converted draft."""
+    return ctx.config.serve.draft == "model"
+
+
 def algorithm(ctx: StageContext) -> str:
+    if serves_model(ctx):
+        return sglang_cpu.STANDALONE
     return "DSPARK" if ctx.config.draft == "dspark" else "DFLASH"
 
 
+def draft_kind(ctx: StageContext) -> str:
+    """What bench records as the served draft: `model`, or the trained draft's architecture."""
+    return "model" if serves_model(ctx) else ctx.config.draft
+
+
 def draft_tokens(ctx: StageContext) -> int:
-    """Tokens per verification window: the block for DFLASH; gamma (drafted tokens) for DSPARK."""
+    """Tokens per verification window: the block for DFLASH; gamma (drafted tokens) for DSPARK; the drafted tokens
+    and the target's own for STANDALONE."""
+    if serves_model(ctx):
+        return ctx.config.serve.draft_steps + 1
     block = ctx.preset.dflash.block_size
     if ctx.config.draft == "dspark":
         return dspark_gamma(block, ctx.config.train.dspark.sample_from_anchor)
     return block
 
 
+def draft_path(ctx: StageContext) -> str:
+    """The served draft's folder as the stage sees it: convert's output, or the kit's tiny draft model (beside the
+    target in the mounted assets)."""
+    if serves_model(ctx):
+        return str(PurePosixPath(ctx.layout.tokenizer) / "draft")
+    return ctx.layout.at("draft")
+
+
+def cpu_check(ctx: StageContext) -> None:
+    """SGLang's CPU engine: a draft it serves there, on a CPU with AMX (refused before any stage starts)."""
+    if not serves_model(ctx):
+        raise UserError(
+            f"SGLang's CPU engine does not serve the {ctx.config.draft} draft (SGLang 0.5.18: "
+            f"'{sglang_cpu.DFLASH_REFUSAL}')",
+            field="serve.draft",
+            value=ctx.config.serve.draft,
+            fix="--opts serve.draft=model (the tiny preset's draft model under STANDALONE), or serve on a GPU",
+        )
+    if ctx.runtime == "local" and importlib.util.find_spec("sglang") is None:
+        raise UserError(
+            "SGLang is not installed in this environment, and the serve and bench stages run its CPU engine",
+            field="--runtime",
+            value="local",
+            fix="--runtime docker (the sglang-cpu image: make image-sglang-cpu SGLANG_CPU_SOURCES=FILE)",
+        )
+    refusal = sglang_cpu.amx_refusal()
+    if refusal:
+        raise UserError(
+            refusal,
+            field="device",
+            value="cpu",
+            fix="run on a CPU with AMX (an Intel Xeon of the 4th generation or later), or on a GPU",
+        )
+
+
+def _check_model_draft(ctx: StageContext) -> None:
+    if serves_model(ctx) and ctx.preset.source != "kit":
+        raise UserError(
+            f"the preset '{ctx.preset.name}' has no draft model to serve (only the tiny preset's is the kit's)",
+            field="serve.draft",
+            value="model",
+            fix="--opts serve.draft=converted (the draft convert wrote)",
+        )
+
+
 def sglang_command(ctx: StageContext, inst) -> Command:
     opts = ctx.config.serve
+    if ctx.cpu:
+        argv = sglang_cpu.launch_argv(
+            ctx.layout.model,
+            inst.port,
+            tokenizer=ctx.layout.tokenizer,
+            seed=ctx.config.seed,
+            context_length=served_context_length(ctx),
+            draft=draft_path(ctx),
+            draft_steps=opts.draft_steps,
+        )
+        return Command(f"server-{inst.index}", tuple(argv), env=dict(sglang_cpu.CPU_ENV), port=inst.port)
     argv = [
         "python",
         "-m",
@@ -76,9 +158,20 @@ def sglang_command(ctx: StageContext, inst) -> Command:
         "--speculative-algorithm",
         algorithm(ctx),
         "--speculative-draft-model-path",
-        ctx.layout.at("draft"),
+        draft_path(ctx),
     ]
-    if ctx.config.draft == "dspark":
+    if serves_model(ctx):
+        argv += [
+            "--tokenizer-path",
+            ctx.layout.tokenizer,
+            "--speculative-num-steps",
+            str(opts.draft_steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(draft_tokens(ctx)),
+        ]
+    elif ctx.config.draft == "dspark":
         argv += ["--speculative-dspark-block-size", str(draft_tokens(ctx))]
     else:
         argv += ["--speculative-num-draft-tokens", str(draft_tokens(ctx))]
@@ -102,7 +195,7 @@ def argv(ctx: StageContext) -> list[str]:
             "--algorithm",
             algorithm(ctx),
             "--draft-path",
-            ctx.layout.at("draft"),
+            draft_path(ctx),
             "--startup-timeout",
             str(ctx.config.serve.startup_timeout_s),
         ],
@@ -110,11 +203,19 @@ def argv(ctx: StageContext) -> list[str]:
 
 
 def inputs(ctx: StageContext) -> list[Artifact]:
-    return [
-        Artifact("draft config", ctx.host("draft", "config.json")),
-        Artifact("draft weights", ctx.host("draft", "model.safetensors")),
-        *model_artifacts(ctx),
-    ]
+    _check_model_draft(ctx)
+    if serves_model(ctx):
+        folder = tiny_assets() / "draft"
+        drafts = [
+            Artifact("draft model config", folder / "config.json"),
+            Artifact("draft model weights", folder / "model.safetensors"),
+        ]
+    else:
+        drafts = [
+            Artifact("draft config", ctx.host("draft", "config.json")),
+            Artifact("draft weights", ctx.host("draft", "model.safetensors")),
+        ]
+    return [*drafts, *model_artifacts(ctx)]
 
 
 def outputs(ctx: StageContext) -> list[Artifact]:
@@ -123,8 +224,18 @@ def outputs(ctx: StageContext) -> list[Artifact]:
 
 def notes(ctx: StageContext) -> list[str]:
     found = instances(ctx)
+    served = (
+        f"the preset's draft model under STANDALONE, {ctx.config.serve.draft_steps} drafted token(s) a step"
+        if serves_model(ctx)
+        else f"the converted {ctx.config.draft} draft under {algorithm(ctx)}"
+    )
+    if ctx.cpu:
+        return [
+            f"1 SGLang instance on its CPU engine (image {CPU_IMAGE}, port {found[0].port}), serving {served}",
+            "SGLang's CPU engine serves a draft on a CPU with AMX only",
+        ]
     masks = "; ".join(f"#{i.index}: GPUs {list(i.gpus)} TP {i.tp} port {i.port}" for i in found)
-    return [f"{len(found)} SGLang instance(s), no GPU shared ({masks})", "needs an NVIDIA GPU (no CPU path)"]
+    return [f"{len(found)} SGLang instance(s), no GPU shared ({masks}), serving {served}"]
 
 
 STAGE = Stage(
@@ -140,5 +251,6 @@ STAGE = Stage(
     notes=notes,
     entries=(Entry(NAME, "SGLang instances", runner.add_arguments, runner.main),),
     engine="sglang",
-    cpu_refusal=NO_CPU,
+    cpu_image=CPU_IMAGE,
+    cpu_check=cpu_check,
 )
