@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also the target's greedy token ids for these prompts (a prompts file), as bench asks",
     )
     sgcheck.add_argument("--max-new-tokens", type=int, default=16, help="with --prompts: tokens per prompt")
+    sgcheck.add_argument(
+        "--model", help="serve this model folder (default: a seeded random Qwen3 SGLang's CPU kernel takes)"
+    )
     page = sub.add_parser(
         "settings", help="print the environment variables the kit reads, passes on or sets (docs/settings.md)"
     )
@@ -143,6 +146,7 @@ def command(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             prompts=prompts,
             max_new_tokens=args.max_new_tokens,
+            model=Path(args.model) if args.model else None,
             say=_say,
         )
         for line in sglang_cpu.check_lines(result):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -21,7 +22,7 @@ import pytest
 from draftscope.ops import images as I
 
 from containerlib import ROOT, base_image, build_image, docker
-from support import unavailable
+from support import run_invoke, unavailable
 
 pytestmark = [pytest.mark.container, pytest.mark.sglang_cpu, pytest.mark.timeout(3600)]
 
@@ -100,3 +101,107 @@ def test_self_check_serves_a_completion_and_metrics(sglang_cpu_image):
     assert result["completion_tokens"] >= 1
     assert result["metrics"] > 0
     assert "sglang:num_running_reqs" in result["metric_names"]
+
+
+HOST_AMX = "amx_tile" in Path("/proc/cpuinfo").read_text()
+BENCH_TOKENS = 48
+DRAFT_STEPS = 4
+# A preset for a local target (model_path): the check model's shape (sglang_cpu.CHECK_GEOMETRY), head_dim 64.
+PRESET = """\
+schema_version: 1
+name: sglang-cpu-check
+display_name: a random Qwen3 SGLang's CPU kernel takes
+source: hub
+hub: {repo: test/sglang-cpu-check, revision: 0123456789abcdef0123456789abcdef01234567}
+architecture: {kind: dense, model_type: qwen3, num_layers: 3, hidden_size: 192, vocab_size: 4096,
+               max_position_embeddings: 512}
+dflash: {block_size: 4, decay_gamma: 4, target_layer_ids: [1, 2], num_draft_layers: 1, mask_token_id: 3}
+training: {seq_length: 128, max_anchors: 16, nproc_per_node: 1}
+serving: {tp_size: 1}
+status: {tested: false}
+"""
+
+
+def _greedy_reference(image: str, model: Path, prompts: Path, tokens: int) -> dict[str, list[int]]:
+    """The target's own greedy token ids for each prompt, from SGLang's CPU engine without a draft, requested as the
+    bench stage requests them (`sglang-cpu-check --model --prompts`)."""
+    name = f"draftscope-test-sglang-cpu-{uuid.uuid4().hex[:8]}"
+    try:
+        done = docker(
+            "run", "--name", name, "--network", "none", "-v", f"{prompts}:/tmp/prompts.json:ro",
+            "-v", f"{model}:/tmp/model:ro", image, "python", "-m", "draftscope", "sglang-cpu-check",
+            "--work", "/tmp/check", "--model", "/tmp/model", "--prompts", "/tmp/prompts.json",
+            "--max-new-tokens", str(tokens), timeout=900,
+        )  # fmt: skip
+        exit_code = docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip()
+        assert exit_code == "0", done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads(done.stdout[done.stdout.index("{") :])["greedy"]
+    finally:
+        docker("rm", "-f", name)
+
+
+@pytest.mark.skipif(
+    not HOST_AMX, reason="SGLang's CPU engine serves a draft with AMX only (the refusal: below)"
+)
+def test_pipeline_serve_and_bench_on_sglang_cpu_keep_the_targets_greedy_tokens(sglang_cpu_image, tmp_path):
+    """serve and bench through `invoke pipeline` on the real engine: a target and a draft model SGLang's CPU kernel
+    takes (the draft: a copy of the target, so every drafted token is accepted and the counters are checkable)."""
+    from draftscope.pipeline import sglang_cpu
+
+    image, _ = sglang_cpu_image
+    target = sglang_cpu.write_check_model(tmp_path / "target", seed=0)
+    draft = tmp_path / "draft"
+    shutil.copytree(target, draft)
+    presets = tmp_path / "presets" / "models"
+    presets.mkdir(parents=True)
+    (presets / "sglang-cpu-check.yaml").write_text(PRESET)
+    workdir = tmp_path / "w"
+    began = time.monotonic()
+    done = run_invoke(
+        "pipeline", "--preset", "sglang-cpu-check", "--stage", "serve,bench", "--runtime", "docker",
+        "--workdir", str(workdir), "--opts", "device=cpu", "--opts", f"model_path={target}",
+        "--opts", "serve.draft=model", "--opts", f"serve.draft_model={draft}",
+        "--opts", f"serve.draft_steps={DRAFT_STEPS}", "--opts", "serve.context_length=512",
+        "--opts", f"bench.max_new_tokens={BENCH_TOKENS}",
+        env={"DRAFTSCOPE_PRESETS": str(tmp_path / "presets")}, timeout=1800,
+    )  # fmt: skip
+    print(f"\npipeline serve,bench on sglang-cpu: {time.monotonic() - began:.0f} s\n{done.stdout[-2500:]}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bench = json.loads((workdir / "bench" / "bench.json").read_text())
+    assert bench["algorithm"] == "STANDALONE" and bench["draft"] == "model"
+    assert bench["draft_tokens_per_step"] == DRAFT_STEPS
+    # Acceptance from SGLang's own per-request counters. The draft is the target: every drafted token is accepted,
+    # so each verify step commits DRAFT_STEPS + 1 tokens but the last, cut by the token budget.
+    assert all(r["spec_verify_ct"] for r in bench["per_request"])
+    assert bench["accept_rate"] == pytest.approx(1.0, abs=0.05)
+    assert bench["mean_accept_length"] > DRAFT_STEPS
+    assert bench["instances"][0]["metrics"], "no sglang:* sample scraped from /metrics"
+    # The record: the image's SGLang and the kernel sources' hash it was built from.
+    entry = I.lock_entry("sglang-cpu", I.load_lock())
+    for stage in ("serve", "bench"):
+        record = json.loads((workdir / "stages" / f"{stage}.json").read_text())
+        assert record["status"] == "completed", record
+        assert record["image"]["name"] == "sglang-cpu"
+        assert record["versions"]["sglang"] == "0.5.18"
+        assert any(entry["kernel_sources"]["sha256"] in note for note in record["notes"]), record["notes"]
+    # Speculation changes no token: the run equals the target's plain greedy output on the same engine.
+    rows = [json.loads(line) for line in (workdir / "bench" / "requests.jsonl").read_text().splitlines()]
+    reference = _greedy_reference(image, target, ROOT / "examples" / "prompts.json", BENCH_TOKENS)
+    assert sorted(reference) == sorted(r["prompt_id"] for r in rows)
+    for row in rows:
+        assert row["token_ids"] and row["token_ids"] == reference[row["prompt_id"]], row["prompt_id"]
+    print(
+        f"{len(rows)} requests, tokens equal to plain greedy; mean accept length {bench['mean_accept_length']:.3f}"
+    )
+
+
+def test_the_tiny_target_is_refused_naming_its_head_size(sglang_cpu_image, tmp_path):
+    """The kit's tiny target (head_dim 48) is one sgl_kernel refuses: said before any stage, with the fix."""
+    done = run_invoke(
+        "pipeline", "--preset", "tiny", "--stage", "serve,bench", "--runtime", "docker", "--workdir",
+        str(tmp_path / "w"), "--opts", "serve.draft=model", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    expected = "the target's is 48" if HOST_AMX else "has no amx_tile"
+    assert expected in done.stderr
+    assert not (tmp_path / "w").exists()

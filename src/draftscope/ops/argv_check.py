@@ -25,7 +25,8 @@ from draftscope.core.errors import UserError
 from draftscope.core.images import IMAGES
 
 # The images whose plans this check knows; vllm-cpu and transformers run the kit's own loops (no engine parser).
-CHECKED_IMAGES = ("vllm", "train", "sglang")
+# sglang-cpu: the serve and bench stages on a CPU, parsed by its SGLang 0.5.18.
+CHECKED_IMAGES = ("vllm", "train", "sglang", "sglang-cpu")
 # A workdir that is never created: planning is pure, and the paths only appear inside the argv.
 _WORKDIR = Path("/draftscope-argv-check")
 # GPU generations the vLLM benchmark's engine arguments are built for (the dtype rule depends on it).
@@ -71,12 +72,13 @@ def _pipeline(image: str) -> Iterator[Planned]:
 
     variants = [(p, d, []) for p in P.model_preset_names() for d in DRAFTS]
     variants += [("tiny", d, ["device=cpu"]) for d in DRAFTS]  # the CPU path the tiny pipeline takes
+    variants += [("tiny", "dflash", ["device=cpu", "serve.draft=model"])]  # what SGLang's CPU engine serves
     for preset, draft, opts in variants:
         resolved = load_pipeline_config(draft=draft, preset=preset, opts=opts)
         plan = planning.build(resolved, registry.select("all"), _WORKDIR, "docker")
         label = f"{preset} {draft}{' ' + ' '.join(opts) if opts else ''}"
         for stage in plan.stages:
-            if stage.stage.image != image:
+            if stage.step.image != image:  # the image the step runs in (on a CPU: a stage's cpu_image)
                 continue
             yield Planned(f"pipeline {label}: {stage.stage.name}", tuple(stage.step.argv))
             for command in stage.commands:

@@ -27,6 +27,7 @@ from draftscope.core.jsonio import atomic_write_json
 from draftscope.core.provenance import versions
 from draftscope.core.schema import check
 from draftscope.pipeline import registry
+from draftscope.pipeline.base import NOTES
 
 RESULT_SCHEMA_VERSION = 1
 RESULT_SCHEMA = "stage-result"  # stages/<stage>.result.json
@@ -103,8 +104,10 @@ def _recorded(
 
     def run(args: argparse.Namespace) -> int:
         started = time.monotonic()
-        counts = main(args)
-        write_result(args.result, stage, started, 0, counts)
+        counts = dict(main(args) or {})
+        # A stage may return notes for its record beside its counts (what engine it measured, …).
+        notes = counts.pop(NOTES, [])
+        write_result(args.result, stage, started, 0, counts, notes)
         return 0
 
     return run

@@ -36,6 +36,7 @@ from draftscope.tiny.assets import assets_dir
 
 # Container paths besides the run directory (RUN_MOUNT) and the hub cache (CACHE_MOUNT).
 MODELS_MOUNT = "/draftscope/models"
+DRAFT_MODEL_MOUNT = f"{MODELS_MOUNT}/draft-model"  # serve.draft_model, read-only
 INPUTS_MOUNT = "/draftscope/inputs"
 
 # Workdir layout (relative to the workdir).
@@ -129,6 +130,10 @@ class Entry:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     main: Callable[[argparse.Namespace], Any]
     recorded: bool = True
+
+
+# The key under which a stage's in-container entry returns notes for its record beside its counts.
+NOTES = "notes"
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,8 @@ class ServeOptions:
     # `model` (docs/use/pipeline.md).
     draft: Literal["converted", "model"] = "converted"
     draft_steps: int = 4
+    # serve.draft=model: a local draft model folder (any preset); unset, the tiny preset's own draft model.
+    draft_model: str | None = None
 
 
 @dataclass(frozen=True)

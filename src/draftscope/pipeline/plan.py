@@ -20,6 +20,7 @@ from draftscope.core.provenance import shell_join
 from draftscope.core.resources import resolve_path
 from draftscope.pipeline import registry
 from draftscope.pipeline.base import (
+    DRAFT_MODEL_MOUNT,
     INPUTS_MOUNT,
     Artifact,
     Command,
@@ -73,6 +74,8 @@ def external_inputs(config: PipelineConfig) -> dict[str, Path]:
     if config.data.chat:
         found["chat"] = resolve_path(config.data.chat).absolute()
     found["prompts"] = resolve_path(config.bench.prompts).absolute()
+    if config.serve.draft_model:
+        found["draft_model"] = resolve_path(config.serve.draft_model).absolute()
     return found
 
 
@@ -86,6 +89,8 @@ def context(resolved: Resolved, workdir: Path, runtime: str, selected: Sequence[
     if "chat" in inputs:
         mounts.append(Mount(str(inputs["chat"]), CHAT_MOUNT))
     mounts.append(Mount(str(inputs["prompts"]), PROMPTS_MOUNT))
+    if "draft_model" in inputs:
+        mounts.append(Mount(str(inputs["draft_model"]), DRAFT_MODEL_MOUNT))
     layout = Layout(
         run=str(workdir) if local else RUN_MOUNT,
         model=model,

@@ -35,7 +35,12 @@ STANDALONE = "STANDALONE"
 # SGLang's own words where it refuses DFlash on a CPU (speculative_hook.py, 0.5.18), quoted by the kit's refusal.
 DFLASH_REFUSAL = "DFLASH speculative decoding is not supported by CpuSRTPlatform on device 'cpu'"
 CPUINFO = Path("/proc/cpuinfo")
+# Written by the sglang-cpu image's build: the SHA-256 of the kernel sources its sgl_kernel was built from.
+KERNEL_SOURCES_RECORD = Path("/usr/share/draftscope/sglang-kernel-sources.sha256")
+KERNEL_DISTRIBUTION = "sglang-kernel-cpu"
 AMX_FLAGS = ("amx_tile", "amx_bf16")
+# sgl_kernel's extend attention (csrc/cpu/extend.cpp, v0.5.18): `TORCH_CHECK(head_size % 32 == 0, "invalid head_size")`.
+HEAD_SIZE_MULTIPLE = 32
 METRIC_PREFIX = "sglang:"
 CHECK_PROMPT = "Count from one to ten."
 CHECK_TOKENS = 16
@@ -133,6 +138,61 @@ def amx_refusal(cpuinfo: str | None = None) -> str | None:
     )
 
 
+def engine_note() -> str:
+    """What a stage ran on, for its record: SGLang's and its CPU kernel's versions and the kernel sources' SHA-256
+    (the sglang-cpu image's record of them; 'unrecorded' outside that image)."""
+    from draftscope.core.provenance import distribution
+
+    sglang = distribution("sglang")
+    kernel = distribution(KERNEL_DISTRIBUTION)
+    try:
+        sources = KERNEL_SOURCES_RECORD.read_text(encoding="utf-8").strip() or "unrecorded"
+    except OSError:
+        sources = "unrecorded"
+    return (
+        f"engine measured: sglang {sglang[1] if sglang else 'not installed'} (CPU engine), kernel "
+        f"{KERNEL_DISTRIBUTION} {kernel[1] if kernel else 'not installed'}, kernel sources sha256 {sources}"
+    )
+
+
+def on_cpu_engine(commands: Sequence[Command]) -> bool:
+    """The stage's servers run SGLang's CPU engine (the variable its argv builder sets)."""
+    return any(c.env.get("SGLANG_USE_CPU_ENGINE") == "1" for c in commands)
+
+
+# --- a model SGLang's CPU kernel takes ----------------------------------------------------------------------------
+
+# The kit's tiny target has head_dim 48, which sgl_kernel refuses; the check model is a Qwen3 of the same shape with
+# head_dim 64 and the tiny tokenizer, its weights random (seeded): a serving check, not a language model.
+CHECK_GEOMETRY = {
+    "hidden_size": 192,
+    "num_layers": 3,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+
+
+def write_check_model(folder: Path, *, seed: int = 0) -> Path:
+    """A seeded random Qwen3 that SGLang's CPU kernel takes (CHECK_GEOMETRY) with the kit's tiny tokenizer files,
+    saved in `folder` (a new or empty folder). Returns the folder."""
+    import shutil
+
+    from draftscope.tiny.assets import TOKENIZER_FILES, assets_dir
+    from draftscope.tiny.models import Geometry, new_model
+
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()):
+        raise UserError("the check model's folder is not empty", field="folder", value=str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    model = new_model(Geometry(**CHECK_GEOMETRY), seed=seed)
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(assets_dir() / name, folder / name)
+    return folder
+
+
 # --- the image's self-check ---------------------------------------------------------------------------------------
 
 
@@ -160,16 +220,17 @@ def self_check(
     timeout: float = DEFAULT_CHECK_TIMEOUT_S,
     prompts: Sequence[dict[str, Any]] = (),
     max_new_tokens: int = CHECK_TOKENS,
+    model: Path | None = None,
     say=print,
 ) -> dict[str, Any]:
-    """Serve the kit's tiny target on SGLang's CPU engine, one greedy completion through the OpenAI endpoint, then
-    `/metrics`: the figures as a dict (`ok` true). With `prompts` (the prompts file's entries), also the target's own
-    greedy token ids for each, requested as the bench stage requests them (`greedy`: id → token ids): the reference
-    a speculative run's tokens must equal. Any failure is a UserError naming the step and the log."""
+    """Serve `model` (default: a check model, `write_check_model`) on SGLang's CPU engine, one greedy completion
+    through the OpenAI endpoint, then `/metrics`: the figures as a dict (`ok` true). With `prompts` (the prompts
+    file's entries), also the model's own greedy token ids for each, requested as the bench stage requests them
+    (`greedy`: id → token ids): the reference a speculative run's tokens must equal. Any failure is a UserError
+    naming the step and the log."""
     from draftscope.pipeline import sglang
-    from draftscope.tiny.assets import stage_for_vllm
 
-    model = stage_for_vllm(work / "target")
+    model = model or write_check_model(work / "model")
     command = Command("sglang-cpu", tuple(launch_argv(str(model), port)), env=dict(CPU_ENV), port=port)
     began = time.monotonic()
     with servers.ServerGroup(

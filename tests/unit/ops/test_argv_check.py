@@ -23,6 +23,7 @@ def test_every_planned_command_has_a_parser(image):
         "vllm": {"vllm-serve", "vllm-engine-args", "kit-pipeline"},
         "train": {"vllm-serve", "speculators-train", "speculators-cli", "kit-pipeline"},
         "sglang": {"sglang-server", "kit-pipeline"},
+        "sglang-cpu": {"sglang-server", "kit-pipeline"},
     }[image]
     assert kinds == expected
     assert len({p.where for p in planned}) == len(planned)  # every command is named once
@@ -33,7 +34,7 @@ def test_each_stage_of_an_image_is_in_its_plan():
         stages = {
             p.where.split(": ", 1)[1].split()[0] for p in A.planned(image) if p.where.startswith("pipeline")
         }
-        assert stages == {s.name for s in registry.STAGES if s.image == image}, image
+        assert stages == {s.name for s in registry.STAGES if image in (s.image, s.cpu_image)}, image
 
 
 def test_the_cpu_path_and_every_draft_type_are_planned():

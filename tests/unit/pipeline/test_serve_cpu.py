@@ -4,6 +4,7 @@ each with its fix. The engine itself: tests/container/test_sglang_cpu_image.py (
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from draftscope.pipeline import plan as planning
 from draftscope.pipeline import registry, runner, sglang_cpu
 from draftscope.pipeline.config import load_pipeline_config
 from draftscope.pipeline.sglang import argv_value
+from draftscope.pipeline.stages import serve
 from draftscope.runtime import get_runtime
 
 XEON = "model name\t: Intel(R) Xeon(R) Processor\nflags\t\t: avx512f amx_bf16 amx_tile amx_int8\n"
@@ -106,3 +108,42 @@ def test_the_local_runtime_without_sglang_is_sent_to_the_image(cpuinfo, monkeypa
     with pytest.raises(UserError) as raised:
         runner.preflight(plan, get_runtime("local"), check_gpus=False)
     assert "--runtime docker" in raised.value.render()
+
+
+def _model(folder: Path, **config) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", **config}))
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+def test_a_head_size_sglangs_cpu_kernel_cannot_take_is_refused(cpuinfo):
+    cpuinfo(XEON)
+    plan = build(["serve.draft=model"])
+    with pytest.raises(UserError) as raised:
+        serve.cpu_check(plan.context)
+    text = raised.value.render()
+    # The kit's tiny target: 192 hidden / 4 heads.
+    assert "multiples of 32" in text and "the target's is 48" in text and "model_path" in text
+
+
+def test_local_models_of_a_head_size_it_takes_pass(cpuinfo, tmp_path):
+    cpuinfo(XEON)
+    target = _model(tmp_path / "target", hidden_size=128, num_attention_heads=2)
+    draft = _model(tmp_path / "draft", head_dim=32, hidden_size=64, num_attention_heads=4)
+    opts = [f"model_path={target}", "serve.draft=model", f"serve.draft_model={draft}", "device=cpu"]
+    plan = build(opts, preset="qwen3-8b", workdir=str(tmp_path / "w"))
+    serve.cpu_check(plan.context)
+    (command,) = stage_plan(plan, "serve").stage.commands(plan.context)
+    assert argv_value(list(command.argv), "--speculative-draft-model-path") == "/draftscope/models/draft-model"
+    assert any(m.source == str(draft) and m.target == "/draftscope/models/draft-model" for m in plan.context.mounts)
+    bad = _model(tmp_path / "bad", hidden_size=96, num_attention_heads=2)
+    plan = build([*opts[:2], f"serve.draft_model={bad}", "device=cpu"], preset="qwen3-8b")
+    with pytest.raises(UserError, match="the draft model's is 48"):
+        serve.cpu_check(plan.context)
+
+
+def test_a_draft_model_folder_needs_serve_draft_model(tmp_path):
+    draft = _model(tmp_path / "draft", hidden_size=64, num_attention_heads=2)
+    with pytest.raises(UserError, match=r"only with serve\.draft=model"):
+        build([f"serve.draft_model={draft}"])

@@ -74,3 +74,21 @@ def test_metric_families_keep_sglang_samples_only():
     assert S.metric_families(page) == {"sglang:spec_accept_length{model_name=default}": 2.5}
     with pytest.raises(UserError, match="not a Prometheus text page"):
         S.metric_families("sglang:x{ 1\n")
+
+
+def test_the_engine_note_names_sglang_the_kernel_and_its_sources(tmp_path, monkeypatch):
+    record = tmp_path / "sources.sha256"
+    monkeypatch.setattr(S, "KERNEL_SOURCES_RECORD", record)
+    assert "kernel sources sha256 unrecorded" in S.engine_note()  # outside the image
+    record.write_text("ab" * 32 + "\n")
+    note = S.engine_note()
+    assert note.startswith("engine measured: sglang ") and "(CPU engine)" in note
+    assert note.endswith(f"kernel sources sha256 {'ab' * 32}")
+
+
+def test_only_servers_on_the_cpu_engine_are_noted():
+    from draftscope.pipeline.base import Command
+
+    cpu = Command("server-0", ("python",), env={"SGLANG_USE_CPU_ENGINE": "1"}, port=1)
+    gpu = Command("server-0", ("python",), env={"CUDA_VISIBLE_DEVICES": "0"}, port=1)
+    assert S.on_cpu_engine([cpu]) and not S.on_cpu_engine([gpu]) and not S.on_cpu_engine([])

@@ -41,8 +41,8 @@ from draftscope.core import acceptance, datasets
 from draftscope.core.errors import UserError
 from draftscope.core.jsonio import JsonlAppender, read_json
 from draftscope.core.schema import check
-from draftscope.pipeline import servers, sglang
-from draftscope.pipeline.base import Command
+from draftscope.pipeline import servers, sglang, sglang_cpu
+from draftscope.pipeline.base import NOTES, Command
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -156,6 +156,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         f"over {len(rows)} request(s); results in {output}"
     )
     counts: dict[str, Any] = {"requests": len(rows), "instances": len(instances)}
+    if sglang_cpu.on_cpu_engine(commands):
+        counts[NOTES] = [sglang_cpu.engine_note()]
     for key in ("mean_accept_length", "accept_rate"):
         if result[key] is not None:
             counts[key] = result[key]

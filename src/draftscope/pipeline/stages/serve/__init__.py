@@ -21,16 +21,19 @@ preflight, before any stage starts, each naming its fix.
 from __future__ import annotations
 
 import importlib.util
-from pathlib import PurePosixPath
+import json
+from pathlib import Path, PurePosixPath
 
 from draftscope.core.errors import UserError
 from draftscope.pipeline import sglang_cpu
 from draftscope.pipeline.base import (
+    DRAFT_MODEL_MOUNT,
     Artifact,
     Command,
     Entry,
     Stage,
     StageContext,
+    host_model_paths,
     kit_argv,
     model_artifacts,
     resolve_instances,
@@ -76,11 +79,36 @@ def draft_tokens(ctx: StageContext) -> int:
 
 
 def draft_path(ctx: StageContext) -> str:
-    """The served draft's folder as the stage sees it: convert's output, or the kit's tiny draft model (beside the
-    target in the mounted assets)."""
+    """The served draft's folder as the stage sees it: convert's output, or the draft model (serve.draft_model, else
+    the kit's tiny draft beside the target in the mounted assets)."""
+    if serves_model(ctx) and "draft_model" in ctx.inputs:
+        return str(ctx.inputs["draft_model"]) if ctx.local else DRAFT_MODEL_MOUNT
     if serves_model(ctx):
         return str(PurePosixPath(ctx.layout.tokenizer) / "draft")
     return ctx.layout.at("draft")
+
+
+def draft_model_folder(ctx: StageContext) -> Path:
+    """The draft model's folder on the host (serve.draft=model)."""
+    return ctx.inputs.get("draft_model") or tiny_assets() / "draft"
+
+
+def head_size(config_file: Path) -> int | None:
+    """A model's attention head size from its config.json (`head_dim`, else hidden_size / num_attention_heads);
+    None when the file does not say."""
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    head = config.get("head_dim")
+    if isinstance(head, int) and head > 0:
+        return head
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
 
 
 def cpu_check(ctx: StageContext) -> None:
@@ -91,7 +119,8 @@ def cpu_check(ctx: StageContext) -> None:
             f"'{sglang_cpu.DFLASH_REFUSAL}')",
             field="serve.draft",
             value=ctx.config.serve.draft,
-            fix="--opts serve.draft=model (the tiny preset's draft model under STANDALONE), or serve on a GPU",
+            fix="--opts serve.draft=model (a draft model under STANDALONE: the tiny preset's, or "
+            "--opts serve.draft_model=DIR), or serve on a GPU",
         )
     if ctx.runtime == "local" and importlib.util.find_spec("sglang") is None:
         raise UserError(
@@ -108,15 +137,35 @@ def cpu_check(ctx: StageContext) -> None:
             value="cpu",
             fix="run on a CPU with AMX (an Intel Xeon of the 4th generation or later), or on a GPU",
         )
+    model, _ = host_model_paths(ctx.config, ctx.preset)
+    for what, folder in (("target", model), ("draft model", draft_model_folder(ctx))):
+        size = head_size(folder / "config.json")
+        if size is not None and size % sglang_cpu.HEAD_SIZE_MULTIPLE:
+            raise UserError(
+                f"SGLang's CPU attention kernel takes head sizes that are multiples of "
+                f"{sglang_cpu.HEAD_SIZE_MULTIPLE} (sgl_kernel: 'invalid head_size'), and the {what}'s is {size} "
+                f"({folder / 'config.json'})",
+                field="serve.draft_model" if what == "draft model" else "model_path",
+                value=str(folder),
+                fix="serve models whose head_dim is a multiple of 32 (--opts model_path=DIR, "
+                "--opts serve.draft_model=DIR), or serve on a GPU",
+            )
 
 
 def _check_model_draft(ctx: StageContext) -> None:
-    if serves_model(ctx) and ctx.preset.source != "kit":
+    if serves_model(ctx) and ctx.preset.source != "kit" and "draft_model" not in ctx.inputs:
         raise UserError(
             f"the preset '{ctx.preset.name}' has no draft model to serve (only the tiny preset's is the kit's)",
             field="serve.draft",
             value="model",
-            fix="--opts serve.draft=converted (the draft convert wrote)",
+            fix="--opts serve.draft_model=DIR (a local draft model), or --opts serve.draft=converted",
+        )
+    if ctx.config.serve.draft_model and not serves_model(ctx):
+        raise UserError(
+            "serve.draft_model is served only with serve.draft=model",
+            field="serve.draft_model",
+            value=ctx.config.serve.draft_model,
+            fix="add --opts serve.draft=model",
         )
 
 
@@ -205,7 +254,7 @@ def argv(ctx: StageContext) -> list[str]:
 def inputs(ctx: StageContext) -> list[Artifact]:
     _check_model_draft(ctx)
     if serves_model(ctx):
-        folder = tiny_assets() / "draft"
+        folder = draft_model_folder(ctx)
         drafts = [
             Artifact("draft model config", folder / "config.json"),
             Artifact("draft model weights", folder / "model.safetensors"),

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from draftscope.core.errors import UserError
-from draftscope.pipeline import servers, sglang
-from draftscope.pipeline.base import Command
+from draftscope.pipeline import servers, sglang, sglang_cpu
+from draftscope.pipeline.base import NOTES, Command
 
 SMOKE_PROMPT = "Count from one to twenty, separated by commas."
 SMOKE_MAX_TOKENS = 32
@@ -60,7 +60,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         if args.hold:
             _hold(group)
         instances = len(group.running)
-    return {"instances": instances, "healthy": instances, "speculating": speculating}
+    counts: dict[str, Any] = {"instances": instances, "healthy": instances, "speculating": speculating}
+    if sglang_cpu.on_cpu_engine(commands):
+        counts[NOTES] = [sglang_cpu.engine_note()]
+    return counts
 
 
 def _plan_instance(index: int, command: Command) -> dict[str, Any]:
