@@ -159,3 +159,35 @@ def test_a_converted_config_reads_back_the_way_sglang_parses_it():
         "dflash_config": {"block_size": 7, "target_layer_ids": [1]},
     }
     assert C.sglang_view(config)["dspark_sample_from_anchor"] is True  # absent → true, as SGLang reads it
+
+
+# --- the CPU twin: serve and bench on SGLang's CPU engine, in the sglang-cpu image's release ----------------------
+
+
+def test_the_cpu_commands_exist_with_their_form_in_the_cpu_twins_release():
+    """On a CPU the stages start SGLang 0.5.18 (the sglang-cpu image), whose CLI comes from the annotated fields of
+    `ServerArgs` itself: every flag the CPU plan emits is there, a switch where the argv gives no value."""
+    from draftscope.core.images import lock_entry
+
+    version = lock_entry("sglang-cpu")["versions"]["sglang"]
+    flags = clis.sglang_launch_flags(pinned_release("sglang", version, platform=SGLANG_PLATFORM))
+    plan = planning.build(
+        load_pipeline_config(draft="dflash", preset="tiny", opts=["serve.draft=model"]),
+        registry.select("serve,bench"),
+        Path("/tmp/w"),
+        "docker",
+    )
+    assert plan.context.cpu
+    checked = 0
+    for sp in plan.stages:
+        for command in sp.commands:
+            argv = list(command.argv)
+            assert argv[:3] == ["python", "-m", "sglang.launch_server"] and "--device" in argv
+            for i, item in enumerate(argv[3:], start=3):
+                if not item.startswith("--"):
+                    continue
+                takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+                assert item in flags, f"{item} is not a flag of SGLang {version}"
+                assert (flags[item] == clis.SWITCH) is not takes_value, (item, flags[item])
+                checked += 1
+    assert checked >= 2 * 15  # every flag of both stages' servers

@@ -327,29 +327,38 @@ def _arg_meta(annotation: ast.expr) -> tuple[str, dict[str, ast.expr]] | None:
     return None
 
 
+def _annotated_flags(nodes, flags: dict[str, str]) -> None:
+    """The flags `add_cli_args_from_dataclass` derives from annotated fields (`A[T, Arg(...)]`): `--field-name` or
+    `Arg(cli_name=…)`, its `aliases`, none for `no_cli=True`; a bool without an `action` is a switch."""
+    for node in nodes:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        meta = _arg_meta(node.annotation)
+        if meta is None:
+            continue
+        kind, kw = meta
+        if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value:
+            continue
+        cli_name = kw.get("cli_name")
+        name = (
+            cli_name.value if isinstance(cli_name, ast.Constant) else "--" + node.target.id.replace("_", "-")
+        )
+        aliases = [a.value for a in getattr(kw.get("aliases"), "elts", []) if isinstance(a, ast.Constant)]
+        switch = kind in ("bool", "Optional[bool]") and "action" not in kw
+        for flag in [name, *aliases]:
+            flags[flag] = SWITCH if switch else VALUE
+
+
 def sglang_launch_flags(release: Release) -> dict[str, str]:
-    """Every `python -m sglang.launch_server` flag → its form (`switch` for a `store_true` flag)."""
+    """Every `python -m sglang.launch_server` flag → its form (`switch` for a `store_true` flag). The annotated fields
+    live in `sglang/srt/arg_groups/fields/` (0.5.23) or in the `ServerArgs` class itself (0.5.18); both are read."""
     flags: dict[str, str] = {}
     for module in _modules_below(release, "sglang.srt.arg_groups.fields"):
-        for node in ast.walk(tree(release, module)):
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-                continue
-            meta = _arg_meta(node.annotation)
-            if meta is None:
-                continue
-            kind, kw = meta
-            if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value:
-                continue
-            cli_name = kw.get("cli_name")
-            name = (
-                cli_name.value
-                if isinstance(cli_name, ast.Constant)
-                else "--" + node.target.id.replace("_", "-")
-            )
-            aliases = [a.value for a in getattr(kw.get("aliases"), "elts", []) if isinstance(a, ast.Constant)]
-            switch = kind in ("bool", "Optional[bool]") and "action" not in kw
-            for flag in [name, *aliases]:
-                flags[flag] = SWITCH if switch else VALUE
+        _annotated_flags(ast.walk(tree(release, module)), flags)
+    with contextlib.suppress(Missing):
+        for node in tree(release, "sglang.srt.server_args").body:
+            if isinstance(node, ast.ClassDef) and node.name == "ServerArgs":
+                _annotated_flags(node.body, flags)
     with contextlib.suppress(Missing):
         for node in ast.walk(tree(release, "sglang.srt.server_args")):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
