@@ -205,38 +205,60 @@ def test_pipeline_serve_and_bench_run_on_sglang_cpu(served):
     print(f"accept rate {bench['accept_rate']:.3f}, mean accept length {bench['mean_accept_length']:.3f}")
 
 
-@needs_amx
-def test_plain_sglang_cpu_greedy_equals_transformers(served):
-    """An independent implementation agrees with the engine's plain greedy output: Transformers (float32, this
-    environment) on the same weights, chat template and prompts."""
+# How far below the reference's best logit an engine's token may be at a step: a bf16 engine and a float32 reference
+# break near-ties differently (the check model's top-two gap is ~1.4 at the median, so a near-tie is rare).
+TIE_TOLERANCE = 0.5
+
+
+def _deficits(target: Path, rows: dict[str, list[int]]) -> dict[str, list[float]]:
+    """Teacher-forced through Transformers (float32, this environment) on the same weights, chat template and
+    prompts: for each generated token, how far its logit lies below the best one at that step (0 = the argmax)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(served["target"])
-    model = transformers.AutoModelForCausalLM.from_pretrained(served["target"], dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target)
+    model = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     prompts = {p["id"]: p for p in json.loads((ROOT / "examples" / "prompts.json").read_text())["prompts"]}
-    for pid, tokens in served["reference"].items():
-        ids = tokenizer.apply_chat_template(
-            prompts[pid]["messages"], add_generation_prompt=True, return_tensors="pt"
-        )
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        out = model.generate(ids, max_new_tokens=BENCH_TOKENS, do_sample=False)[0, ids.shape[1] :].tolist()
-        assert tokens == out, pid
+    found = {}
+    for pid, tokens in rows.items():
+        ids = tokenizer.apply_chat_template(prompts[pid]["messages"], add_generation_prompt=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + tokens])).logits[0].float()
+        steps = logits[len(ids) - 1 : len(ids) - 1 + len(tokens)]
+        found[pid] = (steps.max(dim=-1).values - steps[torch.arange(len(tokens)), tokens]).tolist()
+    return found
+
+
+@needs_amx
+def test_plain_sglang_cpu_greedy_is_the_argmax_of_an_independent_implementation(served):
+    """SGLang's plain greedy tokens are, step by step, the argmax of Transformers on the same weights (teacher-forced,
+    so one near-tie does not derail the rest), up to TIE_TOLERANCE."""
+    deficits = _deficits(served["target"], served["reference"])
+    worst = max(max(d) for d in deficits.values())
+    print(
+        f"\nplain SGLang vs Transformers float32: worst logit deficit {worst:.3f} over {len(deficits)} prompts"
+    )
+    assert worst <= TIE_TOLERANCE, {pid: max(d) for pid, d in deficits.items()}
 
 
 @needs_amx
 @pytest.mark.xfail(
     strict=True,
-    reason="measured here (2026-12): SGLang 0.5.18's CPU engine with a STANDALONE draft changes the target's greedy "
-    "output from the first verify step on (plain SGLang and Transformers agree; a copy of the target as the draft "
-    "accepts ~12%), for head_dim 64 with hidden 192 or 256, fp32 or bf16 weights; strict: it fails the day they agree",
+    reason="measured here (2026-12): SGLang 0.5.18's CPU engine with a STANDALONE draft emits tokens the target would "
+    "not choose from the first verify step on (teacher-forced through Transformers: logit deficits up to 16-25 on "
+    "most steps, where plain SGLang's are within 0.5); a copy of the target as the draft accepts ~12%; for head_dim "
+    "64 with hidden 192 or 256, fp32 or bf16 weights. Strict: it fails the day speculation keeps the greedy output",
 )
 def test_speculation_keeps_the_targets_greedy_tokens(served):
-    reference = served["reference"]
-    assert sorted(reference) == sorted(r["prompt_id"] for r in served["rows"])
-    differing = [r["prompt_id"] for r in served["rows"] if r["token_ids"] != reference[r["prompt_id"]]]
-    assert not differing, (
-        f"{len(differing)} of {len(served['rows'])} requests differ from plain greedy: {differing}"
+    reference, rows = served["reference"], served["rows"]
+    assert sorted(reference) == sorted(r["prompt_id"] for r in rows)
+    deficits = _deficits(served["target"], {r["prompt_id"]: r["token_ids"] for r in rows})
+    print(
+        f"\nspeculative SGLang vs Transformers float32: worst logit deficit per prompt {deficits and {p: round(max(d), 2) for p, d in deficits.items()}}"
     )
+    differing = [r["prompt_id"] for r in rows if r["token_ids"] != reference[r["prompt_id"]]]
+    assert not differing, f"{len(differing)} of {len(rows)} requests differ from plain greedy: {differing}"
+    assert max(max(d) for d in deficits.values()) <= TIE_TOLERANCE
 
 
 def test_the_tiny_target_is_refused_naming_its_head_size(sglang_cpu_image, tmp_path):
