@@ -135,8 +135,12 @@ def test_local_models_of_a_head_size_it_takes_pass(cpuinfo, tmp_path):
     plan = build(opts, preset="qwen3-8b", workdir=str(tmp_path / "w"))
     serve.cpu_check(plan.context)
     (command,) = stage_plan(plan, "serve").stage.commands(plan.context)
-    assert argv_value(list(command.argv), "--speculative-draft-model-path") == "/draftscope/models/draft-model"
-    assert any(m.source == str(draft) and m.target == "/draftscope/models/draft-model" for m in plan.context.mounts)
+    assert (
+        argv_value(list(command.argv), "--speculative-draft-model-path") == "/draftscope/models/draft-model"
+    )
+    assert any(
+        m.source == str(draft) and m.target == "/draftscope/models/draft-model" for m in plan.context.mounts
+    )
     bad = _model(tmp_path / "bad", hidden_size=96, num_attention_heads=2)
     plan = build([*opts[:2], f"serve.draft_model={bad}", "device=cpu"], preset="qwen3-8b")
     with pytest.raises(UserError, match="the draft model's is 48"):
