@@ -271,8 +271,7 @@ def test_gpu_stages_and_missing_stage_inputs_are_refused_before_anything_is_writ
         timeout=60,
         check=False,
     )
-    # No GPU on CI machines: SGLang's CPU engine, which refuses the converted DFlash draft, before anything starts.
-    assert result.returncode == 2, result.stderr
-    assert "SGLang's CPU engine does not serve the dflash draft" in result.stderr
-    assert "--opts serve.draft=model" in result.stderr
+    assert (
+        result.returncode == 2 and "stage serve needs an NVIDIA GPU" in result.stderr
+    )  # no GPU on CI machines
     assert sorted(p.name for p in (tmp_path / "d").rglob("*")) == before
