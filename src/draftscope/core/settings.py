@@ -583,6 +583,13 @@ VLLM_CPU_KVCACHE_SPACE = _var(
     "vLLM's CPU engine: the KV cache in GiB; the kit sets `1` when unset (recorded in the run's facts)",
     unset="`1` (set by the kit)",
 )
+SGLANG_USE_CPU_ENGINE = _var(
+    "SGLANG_USE_CPU_ENGINE",
+    "upstream",
+    "SGLang's CPU engine: the kit sets `1` on the servers of the serve and bench stages on a CPU (and the "
+    "sglang-cpu image sets it)",
+    unset="`1` on those servers (set by the kit)",
+)
 
 
 # --- the generated page -------------------------------------------------------------------------------------------
