@@ -72,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     sgcheck = sub.add_parser(
         "sglang-cpu-check",
-        help="the sglang-cpu image's self-check: serve the tiny target on SGLang's CPU engine, one completion, "
-        "scrape /metrics; print the figures as JSON",
+        help="the sglang-cpu image's self-check: serve a model SGLang's CPU kernel takes on its CPU engine, one "
+        "completion, scrape /metrics; print the figures as JSON",
     )
     sgcheck.add_argument(
-        "--work", required=True, help="an empty or new folder for the model copy and the log"
+        "--work", required=True, help="an empty or new folder for the check model and the log"
     )
     sgcheck.add_argument("--port", type=int, default=30000, help="the loopback port to serve on")
     sgcheck.add_argument(
@@ -137,9 +137,9 @@ def command(args: argparse.Namespace) -> int:
             return 0
         return argv_check.main(args.image, args.commands)
     elif args.command == "sglang-cpu-check":
-        from draftscope.pipeline import sglang_cpu  # lazy: it stages the tiny model and starts SGLang
+        from draftscope.pipeline import sglang, sglang_cpu  # lazy: it writes a model and starts SGLang
 
-        prompts = _prompts(args.prompts) if args.prompts else ()
+        prompts = sglang.load_prompts(args.prompts) if args.prompts else ()
         result = sglang_cpu.self_check(
             Path(args.work),
             port=args.port,
@@ -176,17 +176,6 @@ def command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(text)
     return 0
-
-
-def _prompts(path: str) -> list[dict]:
-    """A prompts file's entries, checked against its schema and for unique ids (as the bench stage reads it)."""
-    from draftscope.core import datasets, schema
-    from draftscope.core.jsonio import read_json
-
-    data = read_json(Path(path), expect=dict)
-    schema.check(data, "prompts", path)
-    datasets.check_unique_ids([p["id"] for p in data["prompts"]], path)
-    return data["prompts"]
 
 
 def _say(line: str) -> None:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from draftscope.core import datasets
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import atomic_write_json
-from draftscope.core.schema import problems
+from draftscope.core.jsonio import atomic_write_json, read_json
+from draftscope.core.schema import check, problems
 from draftscope.pipeline import servers
 from draftscope.pipeline.base import Command
 
@@ -200,3 +202,34 @@ def write_checked(path: Path, obj: dict[str, Any], schema: str) -> None:
 
 def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+# --- what the servers answer and the prompts they are sent ----------------------------------------------------
+
+
+def sglang_samples(text: str) -> dict[str, float]:
+    """Every finite `sglang:*` sample of a Prometheus text exposition as {"name{k="v",…}": value}, labels sorted."""
+    # lazy: prometheus_client, in the image only, for SGLang's metrics
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("sglang:") or not math.isfinite(sample.value):
+                continue
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
+    return out
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def load_prompts(path: str) -> list[dict[str, Any]]:
+    """A prompts file's entries, checked against its schema and for unique ids."""
+    data = read_json(Path(path), expect=dict)
+    check(data, "prompts", path)
+    ids = [p["id"] for p in data["prompts"]]
+    datasets.check_unique_ids(ids, path)
+    return data["prompts"]

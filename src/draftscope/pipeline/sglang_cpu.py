@@ -41,7 +41,6 @@ KERNEL_DISTRIBUTION = "sglang-kernel-cpu"
 AMX_FLAGS = ("amx_tile", "amx_bf16")
 # sgl_kernel's extend attention (csrc/cpu/extend.cpp, v0.5.18): `TORCH_CHECK(head_size % 32 == 0, "invalid head_size")`.
 HEAD_SIZE_MULTIPLE = 32
-METRIC_PREFIX = "sglang:"
 CHECK_PROMPT = "Count from one to ten."
 CHECK_TOKENS = 16
 DEFAULT_CHECK_TIMEOUT_S = 600.0
@@ -157,7 +156,7 @@ def engine_note() -> str:
 
 def on_cpu_engine(commands: Sequence[Command]) -> bool:
     """The stage's servers run SGLang's CPU engine (the variable its argv builder sets)."""
-    return any(c.env.get("SGLANG_USE_CPU_ENGINE") == "1" for c in commands)
+    return any(all(c.env.get(k) == v for k, v in CPU_ENV.items()) for c in commands)
 
 
 # --- a model SGLang's CPU kernel takes ----------------------------------------------------------------------------
@@ -183,6 +182,8 @@ def write_check_model(folder: Path, *, seed: int = 0) -> Path:
     saved in `folder` (a new or empty folder). Returns the folder."""
     import shutil
 
+    import torch  # lazy: only the check model needs it
+
     from draftscope.tiny.assets import TOKENIZER_FILES, assets_dir
     from draftscope.tiny.models import Geometry, new_model
 
@@ -190,7 +191,6 @@ def write_check_model(folder: Path, *, seed: int = 0) -> Path:
     if folder.exists() and any(folder.iterdir()):
         raise UserError("the check model's folder is not empty", field="folder", value=str(folder))
     folder.mkdir(parents=True, exist_ok=True)
-    import torch
 
     model = new_model(Geometry(**CHECK_GEOMETRY), seed=seed, initializer_range=CHECK_INITIALIZER_RANGE)
     # bfloat16, the dtype SGLang's CPU kernels compute in (AMX), as the kit's tiny models are saved.
@@ -207,20 +207,14 @@ def write_check_model(folder: Path, *, seed: int = 0) -> Path:
 
 
 def metric_families(text: str) -> dict[str, float]:
-    """`sglang:*` samples of a Prometheus text page (prometheus_client's parser, as the bench stage reads it), by
-    name with labels; a page that does not parse is refused."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """`/metrics`' `sglang:*` samples, read as the bench stage reads them (`sglang.sglang_samples`); a page that does
+    not parse is refused."""
+    from draftscope.pipeline import sglang
 
-    found: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name.startswith(METRIC_PREFIX):
-                    labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                    found[f"{sample.name}{{{labels}}}"] = sample.value
+        return sglang.sglang_samples(text)
     except ValueError as exc:
         raise UserError(f"/metrics is not a Prometheus text page: {exc}") from exc
-    return found
 
 
 def self_check(
@@ -248,14 +242,9 @@ def self_check(
     ) as group:
         ready = time.monotonic() - began
         url = group.running[0].url
-        body = {
-            "model": "default",
-            "messages": [{"role": "user", "content": CHECK_PROMPT}],
-            "temperature": 0.0,
-            "max_completion_tokens": CHECK_TOKENS,
-        }
+        body = sglang.chat_body([{"role": "user", "content": CHECK_PROMPT}], CHECK_TOKENS)
         started = time.monotonic()
-        status, raw = servers.request("POST", url + "/v1/chat/completions", body, timeout=timeout)
+        status, raw = servers.request("POST", url + sglang.CHAT_PATH, body, timeout=timeout)
         took = time.monotonic() - started
         if status != 200:
             raise UserError(

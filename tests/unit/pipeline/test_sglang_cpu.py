@@ -71,7 +71,7 @@ def test_metric_families_keep_sglang_samples_only():
         "# TYPE python_gc_objects_collected_total counter\n"
         'python_gc_objects_collected_total{generation="0"} 10.0\n'
     )
-    assert S.metric_families(page) == {"sglang:spec_accept_length{model_name=default}": 2.5}
+    assert S.metric_families(page) == {'sglang:spec_accept_length{model_name="default"}': 2.5}
     with pytest.raises(UserError, match="not a Prometheus text page"):
         S.metric_families("sglang:x{ 1\n")
 

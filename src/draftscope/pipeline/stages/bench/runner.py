@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftscope.core import acceptance, datasets
+from draftscope.core import acceptance
 from draftscope.core.errors import UserError
-from draftscope.core.jsonio import JsonlAppender, read_json
-from draftscope.core.schema import check
+from draftscope.core.jsonio import JsonlAppender
 from draftscope.pipeline import servers, sglang, sglang_cpu
 from draftscope.pipeline.base import NOTES, Command
 
@@ -81,7 +80,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     commands = sglang.server_commands(args.commands)
     algorithm = sglang.speculative_algorithm(args.algorithm, commands)
     drafted = _drafted_per_step(algorithm, args.draft_tokens, commands)
-    prompts = _load_prompts(args.prompts)
+    prompts = sglang.load_prompts(args.prompts)
     jobs = [
         _Job(seq, p["id"], r, seq % len(commands), tuple(p["messages"]))
         for seq, (r, p) in enumerate((r, p) for r in range(args.repeats) for p in prompts)
@@ -294,34 +293,7 @@ def _scrape(group: servers.ServerGroup, index: int) -> tuple[float | None, dict[
         print(f"bench: warning: {run.command.name} /server_info: {exc}")
     metrics: dict[str, float] = {}
     try:
-        metrics = _sglang_samples(servers.get_text(run.url + "/metrics"))
+        metrics = sglang.sglang_samples(servers.get_text(run.url + "/metrics"))
     except (servers.HttpError, ValueError) as exc:
         print(f"bench: warning: {run.command.name} /metrics: {exc}")
     return server_avg, metrics
-
-
-def _sglang_samples(text: str) -> dict[str, float]:
-    """Every finite `sglang:*` sample of a Prometheus text exposition as {"name{k="v",…}": value}, labels sorted."""
-    # lazy: prometheus_client, in the image only, for SGLang's metrics
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith("sglang:") or not math.isfinite(sample.value):
-                continue
-            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
-    return out
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _load_prompts(path: str) -> list[dict[str, Any]]:
-    data = read_json(Path(path), expect=dict)
-    check(data, "prompts", path)
-    ids = [p["id"] for p in data["prompts"]]
-    datasets.check_unique_ids(ids, path)
-    return data["prompts"]
